@@ -1,0 +1,72 @@
+"""Command line entry point: ``ragtrace-collector {serve,check-config,eval}``.
+
+Each subcommand's implementation lives in its own module and is imported lazily, so
+``ragtrace-collector --help`` stays fast and one subcommand's imports never slow
+another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ragtrace_collector import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="ragtrace-collector",
+        description="Receive OTLP spans, score RAG retrieval quality, forward enriched spans.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the collector service")
+    serve.add_argument(
+        "--config", type=Path, default=None, help="collector.yaml (default: built-in defaults)"
+    )
+
+    check = sub.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("config", type=Path)
+
+    ev = sub.add_parser("eval", help="evaluate a dataset offline (JSON or JSONL)")
+    ev.add_argument("data", type=Path, help="cases or conversations, JSONL or JSON")
+    ev.add_argument(
+        "--metrics", default=None, help="comma-separated metric names (default: all that apply)"
+    )
+    ev.add_argument("--model", default=None, help="litellm model string, or 'offline' (default)")
+    ev.add_argument("--output", type=Path, default=None, help="write per-case results as JSONL")
+    ev.add_argument("--concurrency", type=int, default=None, help="judge calls in flight")
+    ev.add_argument(
+        "--config", type=Path, default=None, help="collector.yaml for judge and metric options"
+    )
+    ev.add_argument(
+        "--threshold", type=float, default=None, help="override every metric's threshold"
+    )
+    ev.add_argument(
+        "--json", action="store_true", help="print the summary as JSON instead of a table"
+    )
+    ev.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        from ragtrace_collector.server import serve_command
+
+        return serve_command(args.config)
+    if args.command == "check-config":
+        from ragtrace_collector.config import check_config_command
+
+        return check_config_command(args.config)
+    if args.command == "eval":
+        from ragtrace_collector.eval_cli import eval_command
+
+        return eval_command(args)
+    raise AssertionError(args.command)  # argparse enforces the choices
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""The collector's own Prometheus metrics: one place that names them all.
+
+Every series the collector exports on ``/metrics`` is declared here, on a
+per-instance :class:`~prometheus_client.CollectorRegistry`, so that several
+collectors can run in one process (tests do) without clashing.  The Grafana
+dashboard and the Prometheus rules in ``docker/`` are checked against these names.
+
+prometheus-client appends ``_total`` to counters and ``_bucket``/``_sum``/``_count``
+to histograms on exposition; the names below are the base names.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "SCORE_BUCKETS", "Telemetry"]
+
+#: Score histogram buckets: fine enough to compute a windowed mean exactly (from
+#: _sum/_count) and a rough distribution.
+SCORE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_JUDGE_LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+class Telemetry:
+    """All self metrics of one collector instance."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry if registry is not None else CollectorRegistry()
+
+        # ------------------------------------------------------------ pipeline
+        self.spans_received = Counter(
+            "ragtrace_spans_received", "Spans accepted by a receiver.", ["receiver"], registry=r
+        )
+        self.spans_refused = Counter(
+            "ragtrace_spans_refused",
+            "Spans a receiver refused (the client was told and may retry).",
+            ["receiver", "reason"],
+            registry=r,
+        )
+        self.requests_rejected = Counter(
+            "ragtrace_requests_rejected",
+            "Export requests rejected before decoding (auth, content type, size, malformed).",
+            ["receiver", "reason"],
+            registry=r,
+        )
+        self.spans_forwarded = Counter(
+            "ragtrace_spans_forwarded", "Spans delivered by an exporter.", ["exporter"], registry=r
+        )
+        self.spans_dropped = Counter(
+            "ragtrace_spans_dropped",
+            "Spans an exporter gave up on (non-retryable answer or deadline at shutdown).",
+            ["exporter", "reason"],
+            registry=r,
+        )
+        self.spans_retried = Counter(
+            "ragtrace_spans_retried",
+            "Spans an exporter had to send again after a retryable failure.",
+            ["exporter"],
+            registry=r,
+        )
+        self.traces_buffered = Gauge(
+            "ragtrace_traces_buffered", "Traces held by the assembler.", registry=r
+        )
+        self.spans_buffered = Gauge(
+            "ragtrace_spans_buffered", "Spans held by the assembler.", registry=r
+        )
+        self.traces_released = Counter(
+            "ragtrace_traces_released",
+            "Traces released by the assembler, by why (ready, max_wait, pressure, shutdown, late).",
+            ["reason"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "ragtrace_queue_depth", "Items waiting in an internal queue.", ["queue"], registry=r
+        )
+        self.export_latency = Histogram(
+            "ragtrace_export_latency_seconds",
+            "Time of one export call to a backend.",
+            ["exporter"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.pipeline_latency = Histogram(
+            "ragtrace_pipeline_latency_seconds",
+            "Time from a trace's release by the assembler to its hand-off to the exporters.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+        # ---------------------------------------------------------- evaluation
+        self.eval_score = Histogram(
+            "ragtrace_eval_score",
+            "Evaluation scores (skipped and errored results are not observed).",
+            ["service", "metric"],
+            buckets=SCORE_BUCKETS,
+            registry=r,
+        )
+        self.eval_results = Counter(
+            "ragtrace_eval_results",
+            "Metric results by outcome: passed, failed, skipped, error.",
+            ["service", "metric", "outcome"],
+            registry=r,
+        )
+        self.eval_traces = Counter(
+            "ragtrace_eval_traces",
+            "Ready traces by sampling decision: sampled, unsampled, budget, overload.",
+            ["decision"],
+            registry=r,
+        )
+        self.eval_timeouts = Counter(
+            "ragtrace_eval_timeouts", "Metric evaluations that timed out.", ["metric"], registry=r
+        )
+        self.eval_latency = Histogram(
+            "ragtrace_eval_latency_seconds",
+            "Time to evaluate one sampled trace.",
+            buckets=_JUDGE_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.judge_calls = Counter(
+            "ragtrace_judge_calls",
+            "Judge calls by outcome: ok, cached, error, timeout.",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.judge_tokens = Counter(
+            "ragtrace_judge_tokens", "Judge tokens, by kind.", ["model", "kind"], registry=r
+        )
+        self.judge_cost = Counter(
+            "ragtrace_judge_cost_usd",
+            "Judge spend in USD (known prices only).",
+            ["model"],
+            registry=r,
+        )
+        self.judge_latency = Histogram(
+            "ragtrace_judge_latency_seconds",
+            "Latency of one judge call.",
+            ["model"],
+            buckets=_JUDGE_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+        # -------------------------------------------------------------- alerts
+        self.alert_firing = Gauge(
+            "ragtrace_alert_firing",
+            "1 while a drop rule is firing.",
+            ["rule", "metric"],
+            registry=r,
+        )
+        self.alert_notifications = Counter(
+            "ragtrace_alert_notifications",
+            "Alert notifications sent, by notifier and outcome.",
+            ["notifier", "outcome"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this instance's registry."""
+        return generate_latest(self.registry)

@@ -1,0 +1,147 @@
+"""Span attribute names: the single source of truth.
+
+The SDK writes these names and the collector reads them (``from ragtrace import
+semconv``).  Where a public convention exists we use it:
+
+* OpenInference (Phoenix, Arize, Langfuse understand it): span kind, input/output,
+  ``retrieval.documents.N.document.*``, ``reranker.*``, ``session.id``, ``user.id``.
+* OpenTelemetry GenAI semantic conventions: ``gen_ai.operation.name``,
+  ``gen_ai.retrieval.query.text``, ``gen_ai.conversation.id`` and the
+  ``gen_ai.evaluation.result`` event.
+
+Only what neither convention covers lives under ``ragtrace.*``.
+
+This module must stay import-cheap: plain string constants and a few tiny helpers.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --------------------------------------------------------------------------- kinds
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+RAGTRACE_SPAN_KIND: Final = "ragtrace.span.kind"
+
+# ragtrace.span.kind values
+KIND_RAG: Final = "rag"
+KIND_RETRIEVER: Final = "retriever"
+KIND_RERANKER: Final = "reranker"
+KIND_GENERATOR: Final = "generator"
+
+# openinference.span.kind values
+OI_KIND_CHAIN: Final = "CHAIN"
+OI_KIND_RETRIEVER: Final = "RETRIEVER"
+OI_KIND_RERANKER: Final = "RERANKER"
+OI_KIND_LLM: Final = "LLM"
+OI_KIND_EVALUATOR: Final = "EVALUATOR"
+
+#: ragtrace kind -> OpenInference kind
+OPENINFERENCE_KIND_FOR: Final[dict[str, str]] = {
+    KIND_RAG: OI_KIND_CHAIN,
+    KIND_RETRIEVER: OI_KIND_RETRIEVER,
+    KIND_RERANKER: OI_KIND_RERANKER,
+    KIND_GENERATOR: OI_KIND_LLM,
+}
+
+# --------------------------------------------------------------- input / output
+INPUT_VALUE: Final = "input.value"
+INPUT_MIME_TYPE: Final = "input.mime_type"
+OUTPUT_VALUE: Final = "output.value"
+OUTPUT_MIME_TYPE: Final = "output.mime_type"
+MIME_TEXT: Final = "text/plain"
+MIME_JSON: Final = "application/json"
+
+# ------------------------------------------------------------ retrieved documents
+RETRIEVAL_DOCUMENTS: Final = "retrieval.documents"
+RERANKER_INPUT_DOCUMENTS: Final = "reranker.input_documents"
+RERANKER_OUTPUT_DOCUMENTS: Final = "reranker.output_documents"
+RERANKER_QUERY: Final = "reranker.query"
+RERANKER_MODEL_NAME: Final = "reranker.model_name"
+RERANKER_TOP_K: Final = "reranker.top_k"
+
+DOCUMENT_ID: Final = "document.id"
+DOCUMENT_CONTENT: Final = "document.content"
+DOCUMENT_SCORE: Final = "document.score"
+DOCUMENT_METADATA: Final = "document.metadata"
+DOCUMENT_FIELDS: Final = (DOCUMENT_ID, DOCUMENT_CONTENT, DOCUMENT_SCORE, DOCUMENT_METADATA)
+
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_OPERATION_RETRIEVAL: Final = "retrieval"
+GEN_AI_RETRIEVAL_QUERY_TEXT: Final = "gen_ai.retrieval.query.text"
+
+# ------------------------------------------------------------------ generation
+LLM_MODEL_NAME: Final = "llm.model_name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_OPERATION_CHAT: Final = "chat"
+
+# ---------------------------------------------------------------- conversation
+SESSION_ID: Final = "session.id"
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+USER_ID: Final = "user.id"
+TURN_INDEX: Final = "ragtrace.turn.index"
+EXPECTED_OUTCOME: Final = "ragtrace.expected_outcome"
+
+# ----------------------------------------------------------------- ground truth
+EXPECTED_OUTPUT: Final = "ragtrace.expected_output"
+REFERENCE_CONTEXTS: Final = "ragtrace.reference_contexts"  # JSON list of strings
+REFERENCE_CONTEXT_IDS: Final = "ragtrace.reference_context_ids"  # JSON list of strings
+GROUND_TRUTH_ATTRIBUTES: Final = (
+    EXPECTED_OUTPUT,
+    REFERENCE_CONTEXTS,
+    REFERENCE_CONTEXT_IDS,
+    EXPECTED_OUTCOME,
+)
+
+# SDK bookkeeping
+RAGTRACE_CONTENT_TRUNCATED: Final = "ragtrace.content_truncated"
+RAGTRACE_SDK_VERSION: Final = "ragtrace.sdk.version"
+
+# ------------------------------------------------------------------ evaluation
+EVAL_PREFIX: Final = "ragtrace.eval"
+EVAL_MODEL: Final = "ragtrace.eval.model"
+EVAL_SAMPLE_RATE: Final = "ragtrace.eval.sample_rate"
+EVAL_SAMPLED: Final = "ragtrace.eval.sampled"
+EVAL_COST_USD: Final = "ragtrace.eval.cost_usd"
+EVAL_LATENCY_MS: Final = "ragtrace.eval.latency_ms"
+
+# suffixes of ragtrace.eval.<metric>.<field>
+EVAL_FIELD_SCORE: Final = "score"
+EVAL_FIELD_REASON: Final = "reason"
+EVAL_FIELD_PASSED: Final = "passed"
+EVAL_FIELD_THRESHOLD: Final = "threshold"
+EVAL_FIELD_ERROR: Final = "error"
+EVAL_FIELD_SKIPPED: Final = "skipped"
+EVAL_FIELD_CONVERSATION_SCORE: Final = "conversation_score"
+EVAL_FIELD_REFERENCE: Final = "reference"
+
+# OpenInference inline evaluations: evaluations.N.evaluation.<field>
+EVALUATIONS: Final = "evaluations"
+EVALUATION_NAME: Final = "evaluation.name"
+EVALUATION_SCORE: Final = "evaluation.score"
+EVALUATION_LABEL: Final = "evaluation.label"
+EVALUATION_EXPLANATION: Final = "evaluation.explanation"
+EVALUATION_ANNOTATOR_KIND: Final = "evaluation.annotator_kind"
+
+# OTel GenAI evaluation event
+GEN_AI_EVALUATION_RESULT_EVENT: Final = "gen_ai.evaluation.result"
+GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"
+GEN_AI_EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"
+GEN_AI_EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"
+GEN_AI_EVALUATION_EXPLANATION: Final = "gen_ai.evaluation.explanation"
+LABEL_PASS: Final = "pass"
+LABEL_FAIL: Final = "fail"
+
+
+def eval_attr(metric: str, field: str) -> str:
+    """``ragtrace.eval.<metric>.<field>``."""
+    return f"{EVAL_PREFIX}.{metric}.{field}"
+
+
+def document_attr(prefix: str, index: int, field: str) -> str:
+    """``<prefix>.<index>.<field>``, e.g. ``retrieval.documents.0.document.id``."""
+    return f"{prefix}.{index}.{field}"
+
+
+def evaluation_attr(index: int, field: str) -> str:
+    """``evaluations.<index>.<field>``, e.g. ``evaluations.0.evaluation.score``."""
+    return f"{EVALUATIONS}.{index}.{field}"
