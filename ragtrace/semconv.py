@@ -128,6 +128,8 @@ GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"
 GEN_AI_EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"
 GEN_AI_EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"
 GEN_AI_EVALUATION_EXPLANATION: Final = "gen_ai.evaluation.explanation"
+#: OTel general attribute; set on an evaluation event when the evaluation itself errored.
+ERROR_TYPE: Final = "error.type"
 LABEL_PASS: Final = "pass"
 LABEL_FAIL: Final = "fail"
 

@@ -1,0 +1,1 @@
+"""Judges: the LLM judge (litellm) and the deterministic offline judge."""
