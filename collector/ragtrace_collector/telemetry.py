@@ -72,6 +72,11 @@ class Telemetry:
             ["reason"],
             registry=r,
         )
+        self.spans_late = Counter(
+            "ragtrace_spans_late",
+            "Spans that arrived after their trace was released (forwarded on their own).",
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "ragtrace_queue_depth", "Items waiting in an internal queue.", ["queue"], registry=r
         )
@@ -107,6 +112,12 @@ class Telemetry:
             "ragtrace_eval_traces",
             "Ready traces by sampling decision: sampled, unsampled, budget, overload.",
             ["decision"],
+            registry=r,
+        )
+        self.eval_skipped = Counter(
+            "ragtrace_eval_skipped",
+            "Sampled traces forwarded unevaluated, by reason: overload, budget, shutdown.",
+            ["reason"],
             registry=r,
         )
         self.eval_timeouts = Counter(

@@ -1,0 +1,534 @@
+"""Online evaluation: the trace processor that scores sampled traces.
+
+It plugs into the pipeline's one hook (:class:`~ragtrace_collector.pipeline.TraceProcessor`).
+For every ready trace:
+
+1. build one case per ``@rag`` span (:mod:`ragtrace_collector.case_builder`), filling
+   ground truth from the reference store;
+2. sample (:mod:`ragtrace_collector.sampling`): the decision and the rate go on every
+   ``@rag`` span; a trace that is not sampled, or that has no ``@rag`` span, is
+   forwarded at once and never waits on a judge;
+3. queue it (bounded).  A full queue means the trace is forwarded unevaluated and
+   counted (``ragtrace_eval_skipped{reason="overload"}``) — never dropped, never
+   delayed;
+4. a worker runs the metrics concurrently, each under ``metric_timeout`` and all under
+   ``trace_timeout``; conversation metrics score the window that ends at this turn
+   and keep the running conversation mean in the session store;
+5. write the results onto the ``@rag`` span (:mod:`ragtrace_collector.enrichment`),
+   record telemetry and feed the drop detector, then forward.
+
+With ``enrichment.attach: carrier`` the trace is forwarded as soon as it is sampled
+and the results follow on a carrier span.  With ``attach: span`` (the default), a
+metric still running at ``trace_timeout`` is written as ``.error = "timeout"`` and the
+trace goes on; ``late_results: carrier`` lets such a metric finish and sends its
+result on a carrier span instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ragtrace import semconv
+from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
+from ragtrace_collector.case_builder import BuiltCase, build_cases
+from ragtrace_collector.cases import ContextItem, Conversation, Turn
+from ragtrace_collector.enrichment import (
+    EnrichmentConfig,
+    EvalSummary,
+    enrich_span,
+    make_carrier_span,
+)
+from ragtrace_collector.judges.base import Judge, JudgeCallRecord
+from ragtrace_collector.logs import get_logger
+from ragtrace_collector.metrics import (
+    OFFLINE_METRICS,
+    ConversationMetric,
+    Metric,
+    MetricOptions,
+    build_metrics,
+)
+from ragtrace_collector.otlp import Span, SpanGroup
+from ragtrace_collector.results import Cost, MetricResult
+from ragtrace_collector.sampling import Sampler, SamplingDecision, trace_attribute_lookup
+from ragtrace_collector.session_store import SessionStore, SessionTurn, TurnContext
+from ragtrace_collector.spanattrs import attributes_to_dict, set_attributes
+from ragtrace_collector.telemetry import Telemetry
+
+__all__ = ["EvaluationConfig", "OnlineEvaluator", "ResultListener"]
+
+Forward = Callable[[AssembledTrace], None]
+#: Called for every metric result: (service, metric, result, trace id hex).
+ResultListener = Callable[[str, str, MetricResult, str], None]
+
+
+class EvaluationConfig(BaseModel):
+    """The ``evaluation:`` section: which metrics run, and how much work is in flight."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="false: forward every trace unevaluated")
+    metrics: dict[str, MetricOptions] | None = Field(
+        None,
+        description="metric name -> options (METRICS.md names); default: every metric the "
+        "offline judge can serve",
+    )
+    defaults: dict[str, Any] = Field(
+        default_factory=dict, description="options applied to every metric (e.g. threshold)"
+    )
+    workers: int = Field(32, ge=1, le=4096, description="traces evaluated concurrently")
+    queue_size: int = Field(
+        1000, ge=1, description="sampled traces waiting; beyond it they pass unevaluated"
+    )
+    metric_timeout: float = Field(30.0, gt=0, description="seconds for one metric on one case")
+    trace_timeout: float = Field(
+        60.0, gt=0, description="seconds for all metrics of one trace; then it is forwarded"
+    )
+    late_results: Literal["drop", "carrier"] = Field(
+        "drop",
+        description="a metric still running at trace_timeout: drop (record error=timeout) "
+        "or finish it and send the result on a carrier span",
+    )
+
+    def metric_names(self) -> list[str]:
+        return list(self.metrics) if self.metrics is not None else list(OFFLINE_METRICS)
+
+
+@dataclass
+class _Job:
+    trace: AssembledTrace
+    forward: Forward
+    cases: list[BuiltCase]
+    decision: SamplingDecision
+    enqueued_at: float
+    groups_of: dict[int, SpanGroup] = field(default_factory=dict)
+
+
+@dataclass
+class _CaseOutcome:
+    built: BuiltCase
+    results: list[MetricResult]
+    extra: dict[str, dict[str, Any]]
+    pending: list[asyncio.Task[tuple[MetricResult, dict[str, Any]]]]
+
+
+class OnlineEvaluator:
+    """The evaluation stage: a :class:`~ragtrace_collector.pipeline.TraceProcessor`."""
+
+    def __init__(
+        self,
+        config: EvaluationConfig,
+        *,
+        judge: Judge,
+        sampler: Sampler,
+        session_store: SessionStore,
+        enrichment: EnrichmentConfig,
+        telemetry: Telemetry,
+        reference_lookup: Callable[[str], Any] | None = None,
+        listeners: Sequence[ResultListener] = (),
+    ) -> None:
+        self.config = config
+        self.judge = judge
+        self.sampler = sampler
+        self.sessions = session_store
+        self.enrichment = enrichment
+        self._telemetry = telemetry
+        self._reference_lookup = reference_lookup
+        self._listeners = list(listeners)
+        self._log = get_logger("evaluator")
+        all_metrics = build_metrics(
+            config.metric_names(), config.metrics or {}, defaults=config.defaults
+        )
+        self.case_metrics: list[Metric] = [m for m in all_metrics if m.kind == "case"]
+        self.conversation_metrics: list[ConversationMetric] = [
+            m for m in all_metrics if isinstance(m, ConversationMetric) and m.kind == "conversation"
+        ]
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue(config.queue_size)
+        self._workers: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self._session_locks: dict[str, asyncio.Lock] = {}
+        self._draining = False
+        self._depth = telemetry.queue_depth.labels("evaluation")
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the workers (needs a running event loop)."""
+        if self._workers:
+            return
+        for i in range(self.config.workers):
+            self._workers.append(asyncio.create_task(self._work(), name=f"ragtrace-eval-{i}"))
+
+    async def drain(self) -> None:
+        """Shutdown: traces still queued are forwarded unevaluated (counted as
+        ``shutdown``); evaluations in flight finish or time out as usual."""
+        self._draining = True
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            self._queue.task_done()
+            self._skip(job, "shutdown")
+        self._depth.set(0)
+        await self._queue.join()
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers.clear()
+        if self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+        await self.sessions.aclose()
+
+    # ----------------------------------------------------------- telemetry
+    def judge_listener(self) -> Callable[[JudgeCallRecord], None]:
+        """An ``on_call`` hook for the judge: judge calls, tokens, cost, latency."""
+        t = self._telemetry
+
+        def on_call(rec: JudgeCallRecord) -> None:
+            t.judge_calls.labels(rec.model, rec.outcome).inc()
+            if rec.outcome != "cached":
+                t.judge_latency.labels(rec.model).observe(rec.latency_s)
+            if rec.prompt_tokens:
+                t.judge_tokens.labels(rec.model, "prompt").inc(rec.prompt_tokens)
+            if rec.completion_tokens:
+                t.judge_tokens.labels(rec.model, "completion").inc(rec.completion_tokens)
+            if rec.cost_usd:
+                t.judge_cost.labels(rec.model).inc(rec.cost_usd)
+
+        return on_call
+
+    # --------------------------------------------------------------- submit
+    def submit(self, trace: AssembledTrace, forward: Forward) -> None:
+        if not self.config.enabled or trace.late or self._draining:
+            forward(trace)
+            return
+        groups_of: dict[int, SpanGroup] = {}
+        spans: list[Span] = []
+        for span, group in trace.spans():
+            spans.append(span)
+            groups_of[id(span)] = group
+        service_cache: dict[int, str] = {}
+
+        def service_of(span: Span) -> str:
+            group = groups_of[id(span)]
+            key = id(group.resource)
+            name = service_cache.get(key)
+            if name is None:
+                name = "unknown"
+                if group.resource is not None:
+                    for kv in group.resource.attributes:
+                        if kv.key == "service.name":
+                            name = kv.value.string_value or "unknown"
+                service_cache[key] = name
+            return name
+
+        cases = build_cases(spans, service_of=service_of, reference_lookup=self._reference_lookup)
+        if not cases:
+            forward(trace)
+            return
+        decision = self._sample(trace, cases, groups_of)
+        for built in cases:
+            set_attributes(built.span.attributes, decision.attributes().items())
+        if not decision.sampled:
+            if decision.outcome == "budget":
+                self._telemetry.eval_skipped.labels("budget").inc()
+            forward(trace)
+            return
+        job = _Job(trace, forward, cases, decision, time.monotonic(), groups_of)
+        try:
+            self._queue.put_nowait(job)
+        except asyncio.QueueFull:
+            self._telemetry.eval_traces.labels("overload").inc()
+            self._skip(job, "overload")
+            return
+        self._depth.set(self._queue.qsize())
+
+    def _sample(
+        self, trace: AssembledTrace, cases: list[BuiltCase], groups_of: Mapping[int, SpanGroup]
+    ) -> SamplingDecision:
+        maps: list[Mapping[str, object]] = []
+        for built in cases:
+            maps.append(built.attributes)
+            group = groups_of[id(built.span)]
+            if group.resource is not None:
+                maps.append(attributes_to_dict(group.resource.attributes))
+            if built.ground_truth_source == "reference_store":
+                # Ground truth that only the reference store has still counts for
+                # the "always evaluate traces with ground truth" rule.
+                maps.append({semconv.EXPECTED_OUTPUT: True})
+        session_id = next((c.session_id for c in cases if c.session_id), None)
+        return self.sampler.decide(trace.trace_id, session_id, trace_attribute_lookup(maps))
+
+    def _skip(self, job: _Job, reason: str) -> None:
+        self._telemetry.eval_skipped.labels(reason).inc()
+        job.forward(job.trace)
+
+    # -------------------------------------------------------------- workers
+    async def _work(self) -> None:
+        while True:
+            job = await self._queue.get()
+            self._depth.set(self._queue.qsize())
+            try:
+                await self._evaluate(job)
+            except asyncio.CancelledError:
+                if not job.trace.forwarded:
+                    job.forward(job.trace)
+                raise
+            except Exception as exc:  # never lose the trace over an evaluator bug
+                self._log.error(
+                    "evaluation_failed", trace_id=job.trace.trace_id_hex, error=repr(exc)
+                )
+                if not job.trace.forwarded:
+                    job.forward(job.trace)
+            finally:
+                self._queue.task_done()
+
+    async def _evaluate(self, job: _Job) -> None:
+        started = time.monotonic()
+        carrier_mode = self.enrichment.attach == "carrier"
+        if carrier_mode:
+            job.forward(job.trace)  # results follow on a carrier span
+        outcomes = [await self._start_case(built) for built in job.cases]
+        pending = [t for o in outcomes for t in o.pending]
+        done: set[asyncio.Task[tuple[MetricResult, dict[str, Any]]]] = set()
+        if pending:
+            done, _ = await asyncio.wait(pending, timeout=self.config.trace_timeout)
+        late: list[tuple[_CaseOutcome, asyncio.Task[tuple[MetricResult, dict[str, Any]]]]] = []
+        for outcome in outcomes:
+            for task in outcome.pending:
+                if task in done:
+                    result, extra = task.result()
+                    outcome.results.append(result)
+                    if extra:
+                        outcome.extra[result.metric] = extra
+                    continue
+                name = task.get_name()
+                self._telemetry.eval_timeouts.labels(name).inc()
+                if self.config.late_results == "carrier" and not carrier_mode:
+                    late.append((outcome, task))
+                else:
+                    task.cancel()
+                    outcome.results.append(_timeout_result(name, self.config.trace_timeout))
+        latency_ms = (time.monotonic() - started) * 1000.0
+        total_cost = Cost()
+        for outcome in outcomes:
+            outcome.results.sort(key=lambda r: r.metric)
+            total_cost = total_cost + sum((r.cost for r in outcome.results), Cost())
+            self._record(outcome, job)
+            summary = self._summary(job, outcome, latency_ms)
+            if carrier_mode:
+                self._forward_carrier(job, outcome.built, outcome.results, summary)
+            else:
+                enrich_span(outcome.built.span, outcome.results, summary, self.enrichment)
+        if total_cost.usd:
+            self.sampler.record_cost(total_cost.usd)
+        self._telemetry.eval_latency.observe(latency_ms / 1000.0)
+        if not carrier_mode:
+            job.forward(job.trace)
+        if late:
+            finisher = asyncio.create_task(self._finish_late(job, late, started))
+            self._background.add(finisher)
+            finisher.add_done_callback(self._background.discard)
+
+    async def _finish_late(
+        self,
+        job: _Job,
+        late: list[tuple[_CaseOutcome, asyncio.Task[tuple[MetricResult, dict[str, Any]]]]],
+        started: float,
+    ) -> None:
+        # Each late task is still bounded by its own metric_timeout.
+        await asyncio.wait([t for _, t in late])
+        by_case: dict[int, tuple[_CaseOutcome, list[MetricResult], dict[str, dict[str, Any]]]] = {}
+        for outcome, task in late:
+            result, extra = task.result()
+            entry = by_case.setdefault(id(outcome), (outcome, [], {}))
+            entry[1].append(result)
+            if extra:
+                entry[2][result.metric] = extra
+        latency_ms = (time.monotonic() - started) * 1000.0
+        for outcome, results, extra in by_case.values():
+            partial = _CaseOutcome(outcome.built, results, extra, [])
+            self._record(partial, job)
+            self._forward_carrier(
+                job, outcome.built, results, self._summary(job, partial, latency_ms)
+            )
+
+    def _forward_carrier(
+        self, job: _Job, built: BuiltCase, results: list[MetricResult], summary: EvalSummary
+    ) -> None:
+        carrier = make_carrier_span(built.span, results, summary, self.enrichment)
+        group = job.groups_of[id(built.span)]
+        now = time.monotonic()
+        trace = AssembledTrace(
+            trace_id=job.trace.trace_id,
+            groups=[
+                SpanGroup(
+                    group.resource,
+                    group.resource_schema_url,
+                    group.scope,
+                    group.scope_schema_url,
+                    [carrier],
+                )
+            ],
+            reason=ReleaseReason.LATE,
+            first_seen=now,
+            released_at=now,
+            has_root=False,
+        )
+        job.forward(trace)
+
+    def _summary(self, job: _Job, outcome: _CaseOutcome, latency_ms: float) -> EvalSummary:
+        cost = sum((r.cost for r in outcome.results), Cost())
+        return EvalSummary(
+            model=self.judge.model,
+            sample_rate=job.decision.rate,
+            latency_ms=latency_ms,
+            cost_usd=cost.usd if cost.calls else (0.0 if cost.usd is not None else None),
+            extra=outcome.extra,
+        )
+
+    def _record(self, outcome: _CaseOutcome, job: _Job) -> None:
+        t = self._telemetry
+        service = outcome.built.service
+        for r in outcome.results:
+            t.eval_results.labels(service, r.metric, r.outcome).inc()
+            if r.score is not None and math.isfinite(r.score):
+                t.eval_score.labels(service, r.metric).observe(r.score)
+            for listener in self._listeners:
+                try:
+                    listener(service, r.metric, r, job.trace.trace_id_hex)
+                except Exception as exc:
+                    self._log.error("result_listener_failed", error=repr(exc))
+
+    # -------------------------------------------------------------- metrics
+    async def _start_case(self, built: BuiltCase) -> _CaseOutcome:
+        outcome = _CaseOutcome(built, [], {}, [])
+        for metric in self.case_metrics:
+            outcome.pending.append(
+                asyncio.create_task(self._run_case_metric(metric, built), name=metric.name)
+            )
+        if self.conversation_metrics:
+            conv = await self._conversation_for(built)
+            for cmetric in self.conversation_metrics:
+                if conv is None:
+                    outcome.results.append(
+                        MetricResult(
+                            metric=cmetric.name,
+                            score=None,
+                            skipped=True,
+                            reason="not part of a session (no session.id and turn index)",
+                            threshold=cmetric.options.threshold,
+                            judge=self.judge.model,
+                            heuristic=self.judge.heuristic,
+                        )
+                    )
+                    continue
+                outcome.pending.append(
+                    asyncio.create_task(
+                        self._run_window_metric(cmetric, built, conv), name=cmetric.name
+                    )
+                )
+        return outcome
+
+    async def _run_case_metric(
+        self, metric: Metric, built: BuiltCase
+    ) -> tuple[MetricResult, dict[str, Any]]:
+        try:
+            result = await asyncio.wait_for(
+                metric.measure(built.case, self.judge), self.config.metric_timeout
+            )
+        except TimeoutError:
+            self._telemetry.eval_timeouts.labels(metric.name).inc()
+            return _timeout_result(metric.name, self.config.metric_timeout), {}
+        extra: dict[str, Any] = {}
+        used = result.details.get("reference_used")
+        if used is not None:
+            extra[semconv.EVAL_FIELD_REFERENCE] = used
+        return result, extra
+
+    async def _conversation_for(self, built: BuiltCase) -> Conversation | None:
+        """Append this turn to its session and return the conversation up to it."""
+        if built.session_id is None or built.turn_index is None:
+            return None
+        case = built.case
+        turn = SessionTurn(
+            turn_index=built.turn_index,
+            trace_id=built.trace_id,
+            span_id=built.span_id,
+            user_content=case.input,
+            assistant_content=case.actual_output,
+            retrieval_context=tuple(
+                TurnContext(id=c.id, content=c.content, score=c.score)
+                for c in case.retrieval_context or ()
+            ),
+            timestamp=built.span.start_time_unix_nano / 1e9,
+            expected_outcome=built.expected_outcome,
+        )
+        async with self._session_lock(built.session_id):
+            kept = await self.sessions.append_turn(built.session_id, turn)
+        turns: list[Turn] = []
+        outcome = built.expected_outcome
+        for stored in kept:
+            if stored.turn_index > built.turn_index:
+                continue  # a later turn arrived first: this turn's window ends here
+            turns.append(Turn(role="user", content=stored.user_content or ""))
+            turns.append(
+                Turn(
+                    role="assistant",
+                    content=stored.assistant_content or "",
+                    retrieval_context=[
+                        ContextItem(content=c.content, id=c.id, score=c.score)
+                        for c in stored.retrieval_context
+                    ],
+                )
+            )
+            outcome = outcome or stored.expected_outcome
+        return Conversation(turns=turns, expected_outcome=outcome, case_id=built.session_id)
+
+    def _session_lock(self, session_id: str) -> asyncio.Lock:
+        lock = self._session_locks.get(session_id)
+        if lock is None:
+            if len(self._session_locks) > 10_000:
+                for key, old in list(self._session_locks.items()):
+                    if not old.locked():
+                        del self._session_locks[key]
+            lock = self._session_locks[session_id] = asyncio.Lock()
+        return lock
+
+    async def _run_window_metric(
+        self, metric: ConversationMetric, built: BuiltCase, conv: Conversation
+    ) -> tuple[MetricResult, dict[str, Any]]:
+        assert built.session_id is not None
+        assert built.turn_index is not None
+        try:
+            result = await asyncio.wait_for(
+                metric.measure_window(conv, -1, self.judge), self.config.metric_timeout
+            )
+        except TimeoutError:
+            self._telemetry.eval_timeouts.labels(metric.name).inc()
+            return _timeout_result(metric.name, self.config.metric_timeout), {}
+        window_score = result.details.get("window_score", result.score)
+        if result.error is not None or window_score is None:
+            sums = await self.sessions.get_window_scores(built.session_id, metric.name)
+        else:
+            sums = await self.sessions.add_window_score(
+                built.session_id, metric.name, float(window_score), turn_index=built.turn_index
+            )
+        total, count = sums
+        running = total / count if count else 1.0
+        return result, {semconv.EVAL_FIELD_CONVERSATION_SCORE: running}
+
+
+def _timeout_result(metric: str, seconds: float) -> MetricResult:
+    return MetricResult(
+        metric=metric,
+        score=None,
+        error="timeout",
+        reason=f"the metric did not finish within {seconds:g}s",
+    )

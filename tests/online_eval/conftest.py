@@ -1,0 +1,3 @@
+from __future__ import annotations
+
+from tests.fakes.redis_server import redis_server as redis_server
