@@ -1,0 +1,1 @@
+"""Example applications instrumented with ragtrace."""
