@@ -447,8 +447,8 @@ class OnlineEvaluator:
             self._telemetry.eval_timeouts.labels(metric.name).inc()
             return _timeout_result(metric.name, self.config.metric_timeout), {}
         extra: dict[str, Any] = {}
-        used = result.details.get("reference_used")
-        if used is not None:
+        used = result.details.get("reference") if metric.name == "contextual_precision" else None
+        if isinstance(used, str):
             extra[semconv.EVAL_FIELD_REFERENCE] = used
         return result, extra
 

@@ -1,0 +1,299 @@
+"""What every metric shares: options, the metric protocols, result building, the
+verdict rule and average precision.
+
+A metric measures one case (or one conversation) and returns a
+:class:`~ragtrace_collector.results.MetricResult`.  It never raises for bad input or a
+failing judge:
+
+* missing inputs, or nothing to score  -> a *skipped* result with the reason;
+* a :class:`JudgeError`                 -> an *error* result (``"<kind>: <message>"``),
+  score None, the cost of the failed calls kept;
+* anything else unexpected              -> an error result ``"internal: ..."``.
+
+Cancellation (a per-metric timeout in the collector) propagates untouched.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ragtrace_collector.cases import Conversation, RAGCase
+from ragtrace_collector.judges.base import Judge, JudgeError, JudgeTask
+from ragtrace_collector.results import Cost, MetricResult
+
+__all__ = [
+    "HEURISTIC_PREFIX",
+    "ConversationMetric",
+    "Metric",
+    "MetricBase",
+    "MetricOptions",
+    "Outcome",
+    "Run",
+    "average_precision",
+    "normalise_verdict",
+    "order_by_node",
+]
+
+R = TypeVar("R", bound=BaseModel)
+
+#: Prefix of the reason of every result a heuristic (offline) judge produced.
+HEURISTIC_PREFIX = "[heuristic] "
+
+Distance = Literal["levenshtein", "jaro", "jaro_winkler", "hamming", "indel"]
+ReferenceChoice = Literal["expected_output", "actual_output", "auto"]
+
+
+class MetricOptions(BaseModel):
+    """Per-metric options (the ``metrics.<name>`` section of the config).
+
+    Options that a metric does not use are accepted and ignored, so one mapping can
+    configure several metrics; unknown keys are an error.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    #: ``passed = score >= threshold``.  For the non_llm_* metrics it is also the
+    #: similarity cut-off unless ``similarity_threshold`` is set.
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    #: Threshold 1, and any score below 1 becomes 0.
+    strict: bool = False
+    #: contextual_precision: which text the nodes must be useful toward.
+    reference: ReferenceChoice = "expected_output"
+    #: Conversation metrics: units per window.
+    window_size: int = Field(10, ge=1)
+    #: non_llm_*: the string similarity (1 - normalised distance, rapidfuzz).
+    distance: Distance = "levenshtein"
+    #: non_llm_*: similarity cut-off, when it must differ from ``threshold``.
+    similarity_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    #: Overrides the judge prompt template of this metric's task.
+    prompt_template: str | None = None
+
+
+@runtime_checkable
+class Metric(Protocol):
+    """A metric of one case."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def uses_judge(self) -> bool: ...
+
+    @property
+    def kind(self) -> Literal["case", "conversation"]: ...
+
+    @property
+    def options(self) -> MetricOptions: ...
+
+    def missing_inputs(self, case: RAGCase) -> str | None:
+        """Why ``case`` cannot be scored (the skip reason), or None."""
+        ...
+
+    async def measure(self, case: RAGCase, judge: Judge | None) -> MetricResult: ...
+
+
+@runtime_checkable
+class ConversationMetric(Metric, Protocol):
+    """A metric of a whole conversation, scored window by window (METRICS.md)."""
+
+    def missing_conversation_inputs(self, conv: Conversation) -> str | None: ...
+
+    async def measure_conversation(
+        self, conv: Conversation, judge: Judge | None
+    ) -> MetricResult: ...
+
+    async def measure_window(
+        self, conv: Conversation, unit_index: int, judge: Judge | None
+    ) -> MetricResult: ...
+
+    def conversation_result(
+        self,
+        window_scores: Sequence[float | None],
+        cost: Cost | None = None,
+        judge: Judge | None = None,
+    ) -> MetricResult:
+        """The conversation result from the (unstrict) window scores so far."""
+        ...
+
+
+# ----------------------------------------------------------------------- rules
+_FIRST_WORD = re.compile(r"[^\W_]+")
+
+
+def normalise_verdict(verdict: str) -> str:
+    """Lower-case, first word, surrounding punctuation dropped: ``" Yes."`` -> ``"yes"``."""
+    m = _FIRST_WORD.search(verdict.lower())
+    return m.group(0) if m else ""
+
+
+def average_precision(relevant: Sequence[int | bool]) -> float:
+    """AP over the relevant nodes in rank order; 0 when none is relevant (no epsilon)."""
+    hits = 0
+    total = 0.0
+    for k, r in enumerate(relevant, start=1):
+        if r:
+            hits += 1
+            total += hits / k
+    return total / hits if hits else 0.0
+
+
+def order_by_node(nodes: Sequence[int | None], count: int) -> list[int]:
+    """Positions of judge verdicts in rank order.
+
+    When the judge numbered the verdicts as a permutation of the nodes (1-based, or
+    0-based), that numbering decides; otherwise the answer's own order does.
+    """
+    if len(nodes) == count and all(n is not None for n in nodes):
+        ints = [int(n) for n in nodes if n is not None]
+        for base in (1, 0):
+            if sorted(ints) == list(range(base, base + count)):
+                return sorted(range(count), key=lambda i: ints[i])
+    return list(range(len(nodes)))
+
+
+def mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+# -------------------------------------------------------------------- running
+class Run:
+    """One measurement: asks the judge and adds up what the calls cost."""
+
+    __slots__ = ("cost", "judge", "used_judge")
+
+    def __init__(self, judge: Judge | None) -> None:
+        self.judge = judge
+        self.cost = Cost()
+        self.used_judge = False
+
+    async def ask(self, task: JudgeTask[R]) -> R:
+        if self.judge is None:
+            raise JudgeError("config", "this metric needs a judge and none is configured")
+        self.used_judge = True
+        try:
+            answer = await self.judge.ask(task)
+        except JudgeError as exc:
+            self.cost = self.cost + exc.cost
+            raise
+        self.cost = self.cost + answer.cost
+        return answer.value
+
+
+@dataclass
+class Outcome:
+    """What a metric's scoring step found: a score, or a skip (``score`` None)."""
+
+    score: float | None
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def skip(cls, reason: str, **details: Any) -> Outcome:
+        return cls(None, reason, dict(details))
+
+
+class MetricBase:
+    """Shared machinery of the built-in metrics.  Subclasses set the class
+    attributes and implement :meth:`missing_inputs` and :meth:`_score`."""
+
+    name: ClassVar[str]
+    uses_judge: ClassVar[bool] = True
+    kind: ClassVar[Literal["case", "conversation"]] = "case"
+
+    def __init__(self, options: MetricOptions | None = None) -> None:
+        self.options = options if options is not None else MetricOptions()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.options!r})"
+
+    # -- to implement ---------------------------------------------------------
+    def missing_inputs(self, case: RAGCase) -> str | None:
+        raise NotImplementedError  # pragma: no cover - every subclass overrides
+
+    async def _score(self, case: RAGCase, run: Run) -> Outcome:
+        raise NotImplementedError  # pragma: no cover - every subclass overrides
+
+    # -- the contract ---------------------------------------------------------
+    async def measure(self, case: RAGCase, judge: Judge | None) -> MetricResult:
+        run = Run(judge)
+        missing = self.missing_inputs(case)
+        if missing is not None:
+            return self.result(Outcome.skip(missing), run)
+        try:
+            outcome = await self._score(case, run)
+        except JudgeError as exc:
+            return self.error_result(f"{exc.kind}: {exc}", run)
+        except Exception as exc:  # a bug must not stop the other metrics
+            return self.error_result(f"internal: {type(exc).__name__}: {exc}", run)
+        return self.result(outcome, run)
+
+    # -- result building ------------------------------------------------------
+    @property
+    def threshold(self) -> float:
+        return 1.0 if self.options.strict else self.options.threshold
+
+    def _judge_fields(self, run: Run) -> tuple[str, bool]:
+        if not self.uses_judge or run.judge is None:
+            return "none", False
+        return run.judge.model, bool(run.judge.heuristic)
+
+    def result(self, outcome: Outcome, run: Run) -> MetricResult:
+        judge_name, heuristic = self._judge_fields(run)
+        reason = outcome.reason
+        if heuristic and not reason.startswith(HEURISTIC_PREFIX):
+            reason = HEURISTIC_PREFIX + reason
+        details = outcome.details
+        score = outcome.score
+        passed: bool | None = None
+        if score is not None:
+            score = min(1.0, max(0.0, float(score)))
+            if self.options.strict and score < 1.0:
+                details = {**details, "unstrict_score": score}
+                score = 0.0
+            passed = score >= self.threshold
+        return MetricResult(
+            metric=self.name,
+            score=score,
+            reason=reason,
+            threshold=self.threshold,
+            strict=self.options.strict,
+            passed=passed,
+            skipped=score is None,
+            details=details,
+            cost=run.cost,
+            judge=judge_name,
+            heuristic=heuristic,
+        )
+
+    def error_result(
+        self, error: str, run: Run, details: dict[str, Any] | None = None
+    ) -> MetricResult:
+        judge_name, heuristic = self._judge_fields(run)
+        return MetricResult(
+            metric=self.name,
+            score=None,
+            reason="",
+            threshold=self.threshold,
+            strict=self.options.strict,
+            error=error,
+            details=details or {},
+            cost=run.cost,
+            judge=judge_name,
+            heuristic=heuristic,
+        )
+
+
+# ------------------------------------------------------------------- helpers
+def blank(text: str | None) -> bool:
+    return text is None or not text.strip()
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

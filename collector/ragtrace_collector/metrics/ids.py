@@ -1,0 +1,72 @@
+"""``id_context_recall`` and ``id_context_precision``: retrieved document ids against
+the reference ids, no judge.
+
+Ids compare as ``str(id)`` in sets (duplicates collapse, ``1`` equals ``"1"``).
+
+* recall    = |ref ∩ ret| / |ref|
+* precision = |ret ∩ ref| / |ret|
+
+An empty denominator, or an empty reference id list, is *skipped*.
+"""
+
+from __future__ import annotations
+
+from ragtrace_collector.cases import RAGCase
+from ragtrace_collector.metrics.base import MetricBase, Outcome, Run
+
+__all__ = ["IDContextPrecision", "IDContextRecall"]
+
+
+class _IDMetric(MetricBase):
+    uses_judge = False
+
+    def missing_inputs(self, case: RAGCase) -> str | None:
+        if case.reference_context_ids is None:
+            return "no reference_context_ids"
+        if not case.reference_context_ids:
+            return "reference_context_ids is empty"
+        if case.retrieved_ids() is None:
+            return "no retrieved document ids captured"
+        return None
+
+    @staticmethod
+    def _sets(case: RAGCase) -> tuple[set[str], set[str]]:
+        ref = {str(i) for i in case.reference_context_ids or []}
+        ret = {str(i) for i in case.retrieved_ids() or []}
+        return ref, ret
+
+
+class IDContextRecall(_IDMetric):
+    name = "id_context_recall"
+
+    async def _score(self, case: RAGCase, run: Run) -> Outcome:
+        ref, ret = self._sets(case)
+        found = ref & ret
+        missing = sorted(ref - ret)
+        reason = f"{len(found)} of {len(ref)} reference ids retrieved"
+        if missing:
+            reason += "; missing: " + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        return Outcome(
+            len(found) / len(ref),
+            reason,
+            {"retrieved_ids": sorted(ret), "matched": sorted(found), "missing": missing},
+        )
+
+
+class IDContextPrecision(_IDMetric):
+    name = "id_context_precision"
+
+    def missing_inputs(self, case: RAGCase) -> str | None:
+        missing = super().missing_inputs(case)
+        if missing is None and not case.retrieved_ids():
+            return "no document was retrieved"
+        return missing
+
+    async def _score(self, case: RAGCase, run: Run) -> Outcome:
+        ref, ret = self._sets(case)
+        found = ret & ref
+        return Outcome(
+            len(found) / len(ret),
+            f"{len(found)} of {len(ret)} distinct retrieved ids are reference ids",
+            {"retrieved_ids": sorted(ret), "matched": sorted(found), "extra": sorted(ret - ref)},
+        )
