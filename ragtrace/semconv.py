@@ -64,6 +64,12 @@ DOCUMENT_CONTENT: Final = "document.content"
 DOCUMENT_SCORE: Final = "document.score"
 DOCUMENT_METADATA: Final = "document.metadata"
 DOCUMENT_FIELDS: Final = (DOCUMENT_ID, DOCUMENT_CONTENT, DOCUMENT_SCORE, DOCUMENT_METADATA)
+# How many documents a retriever returned / a reranker received and returned.  Recorded
+# even with capture_content=False (structure without text).  Kept outside the
+# ``retrieval.documents.*`` namespace so that backends unflattening that list are not confused.
+RETRIEVAL_DOCUMENT_COUNT: Final = "ragtrace.retrieval.document_count"
+RERANKER_INPUT_DOCUMENT_COUNT: Final = "ragtrace.reranker.input_document_count"
+RERANKER_OUTPUT_DOCUMENT_COUNT: Final = "ragtrace.reranker.output_document_count"
 
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
 GEN_AI_OPERATION_RETRIEVAL: Final = "retrieval"
@@ -91,6 +97,10 @@ GROUND_TRUTH_ATTRIBUTES: Final = (
     REFERENCE_CONTEXT_IDS,
     EXPECTED_OUTCOME,
 )
+
+# OTel general attribute of the "exception" span event (used when the SDK's own
+# record_exception cannot render the exception).
+EXCEPTION_TYPE: Final = "exception.type"
 
 # SDK bookkeeping
 RAGTRACE_CONTENT_TRUNCATED: Final = "ragtrace.content_truncated"
