@@ -1,0 +1,374 @@
+"""Configuration of the drop detector: the ``alerts:`` section of ``collector.yaml``.
+
+Example::
+
+    alerts:
+      evaluation_interval: 30s
+      rules:
+        - name: recall-drop
+          metric: contextual_recall
+          service: shop            # optional; without it every service is watched
+          window: 15m              # the current window
+          baseline: 24h            # trailing window before the current one, or a number
+          drop: 0.1                # absolute; "10%" is relative to the baseline
+          min_samples: 30          # scored results needed in the window (and baseline)
+          for: 5m                  # how long the drop must hold before firing
+          hysteresis: 0.05         # resolve once the drop is below drop - hysteresis
+          confidence: 0.95         # one-sided test (Welch's t, or one-sample t)
+          test_margin: true        # the test asks "is the drop >= drop real?"
+      webhook:
+        url: https://hooks.example.com/ragtrace
+      alertmanager:
+        url: http://alertmanager:9093
+      log: {enabled: true}
+
+``alerts:`` may also be a bare list of rules.  Durations are numbers of seconds or
+strings such as ``"500ms"``, ``"30s"``, ``"15m"``, ``"24h"``, ``"1d"`` or ``"1h30m"``.
+Unknown keys are configuration errors.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+__all__ = [
+    "AlertmanagerConfig",
+    "AlertsConfig",
+    "Drop",
+    "DropRule",
+    "Duration",
+    "FixedBaseline",
+    "LogNotifierConfig",
+    "TrailingBaseline",
+    "WebhookConfig",
+    "format_duration",
+    "parse_duration",
+]
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string like ``"15m"``, ``"1h30m"``, ``"250ms"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        try:
+            seconds = float(text)
+        except ValueError:
+            pos = 0
+            seconds = 0.0
+            for match in _DURATION_PART.finditer(text):
+                if match.start() != pos:
+                    break
+                seconds += float(match.group(1)) * _UNITS[match.group(2)]
+                pos = match.end()
+            if pos != len(text) or not text:
+                raise ValueError(
+                    f"not a duration: {value!r} (use seconds or e.g. '30s', '15m', '24h', '1h30m')"
+                ) from None
+    else:
+        raise ValueError(f"not a duration: {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"a duration must be finite and not negative: {value!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """A single-unit spelling of whole seconds (``900`` -> ``15m``, ``86400`` -> ``24h``)."""
+    if seconds <= 0 or seconds != int(seconds):
+        raise ValueError(f"cannot spell {seconds!r} as a whole-unit duration")
+    whole = int(seconds)
+    if whole % 86400 == 0 and whole >= 3 * 86400:
+        return f"{whole // 86400}d"
+    for unit, size in (("h", 3600), ("m", 60)):
+        if whole % size == 0:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
+
+
+#: A duration in seconds; accepts numbers and strings like "15m".
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class FixedBaseline(BaseModel):
+    """A fixed expected score: the window is tested with a one-sample one-sided t-test."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["fixed"] = "fixed"
+    value: float = Field(allow_inf_nan=False)
+
+
+class TrailingBaseline(BaseModel):
+    """The scores of the ``window`` that ends where the current window starts.
+
+    The current window is excluded, so a drop does not drag its own baseline down.
+    The two windows are compared with Welch's one-sided t-test.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["trailing"] = "trailing"
+    window: Duration = Field(gt=0)
+    #: Scored results the baseline needs before the rule can fire (default: the
+    #: rule's ``min_samples``).
+    min_samples: int | None = Field(default=None, ge=2)
+
+
+class Drop(BaseModel):
+    """How far below the baseline the window's mean must be.
+
+    ``absolute``: in score points (``0.1``).  ``relative``: a fraction of the baseline
+    (``"10%"`` or ``{relative: 0.1}``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["absolute", "relative"] = "absolute"
+    value: float = Field(ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _check(self) -> Drop:
+        if self.kind == "relative" and self.value >= 1:
+            raise ValueError("a relative drop must be below 100%")
+        return self
+
+    def amount(self, baseline: float) -> float:
+        """The drop in score points for a given baseline value."""
+        return self.value if self.kind == "absolute" else self.value * abs(baseline)
+
+
+def _parse_percent(text: str) -> float | None:
+    text = text.strip()
+    if text.endswith("%"):
+        return float(text[:-1].strip()) / 100.0
+    return None
+
+
+def _drop_input(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"not a drop: {value!r}")
+    if isinstance(value, int | float):
+        return {"kind": "absolute", "value": value}
+    if isinstance(value, str):
+        try:
+            pct = _parse_percent(value)
+            if pct is not None:
+                return {"kind": "relative", "value": pct}
+            return {"kind": "absolute", "value": float(value)}
+        except ValueError:
+            raise ValueError(
+                f"not a drop: {value!r} (use 0.1 for absolute, '10%' for relative)"
+            ) from None
+    if isinstance(value, Mapping) and "kind" not in value:
+        keys = set(value)
+        if keys == {"absolute"}:
+            return {"kind": "absolute", "value": value["absolute"]}
+        if keys == {"relative"}:
+            return {"kind": "relative", "value": value["relative"]}
+    return value
+
+
+def _baseline_input(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"not a baseline: {value!r}")
+    if isinstance(value, int | float):
+        return {"kind": "fixed", "value": value}
+    if isinstance(value, str):
+        try:
+            return {"kind": "fixed", "value": float(value)}
+        except ValueError:
+            return {"kind": "trailing", "window": parse_duration(value)}
+    if isinstance(value, Mapping) and "kind" not in value:
+        if "value" in value:
+            return {"kind": "fixed", **value}
+        if "window" in value:
+            return {"kind": "trailing", **value}
+    return value
+
+
+class DropRule(BaseModel):
+    """One drop rule.  The detector evaluates it separately for every service it sees
+    (or only for ``service``), so a drop in one service is never averaged away."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    #: Unique rule name (default: ``<metric>_drop`` or ``<metric>_drop_<service>``).
+    name: str = Field(min_length=1)
+    metric: str = Field(min_length=1)
+    service: str | None = None
+    window: Duration = Field(default=900.0, gt=0)
+    baseline: Annotated[
+        FixedBaseline | TrailingBaseline,
+        Field(discriminator="kind"),
+        BeforeValidator(_baseline_input),
+    ] = Field(default_factory=lambda: TrailingBaseline(window=86400.0))
+    drop: Annotated[Drop, BeforeValidator(_drop_input)] = Field(
+        default_factory=lambda: Drop(kind="absolute", value=0.1)
+    )
+    min_samples: int = Field(default=30, ge=2)
+    for_: Duration = Field(default=300.0, alias="for", ge=0)
+    #: In the units of ``drop`` (score points, or a fraction of the baseline for a
+    #: relative drop).  Default: half the drop.
+    hysteresis: float | None = None
+    #: Confidence of the one-sided test; the p-value must be <= 1 - confidence.
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    #: Test H1 "the true drop exceeds ``drop``" (true, the default) rather than only
+    #: "the window is below the baseline" (false: faster, but noise fires more often).
+    test_margin: bool = True
+    #: Extra labels for notifications (``severity`` defaults to ``warning``).
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("hysteresis", mode="before")
+    @classmethod
+    def _hysteresis_input(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            pct = _parse_percent(value)
+            return pct if pct is not None else float(value)
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and not data.get("name") and data.get("metric"):
+            service = data.get("service")
+            name = f"{data['metric']}_drop" + (f"_{service}" if service else "")
+            return {**data, "name": name}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> DropRule:
+        if self.hysteresis is not None:
+            if not math.isfinite(self.hysteresis) or self.hysteresis < 0:
+                raise ValueError(f"rule {self.name!r}: hysteresis must be >= 0")
+            if self.hysteresis > self.drop.value:
+                raise ValueError(
+                    f"rule {self.name!r}: hysteresis ({self.hysteresis}) cannot exceed the drop"
+                    f" ({self.drop.value}); it is in the same units"
+                )
+        if isinstance(self.baseline, TrailingBaseline) and self.baseline.window < self.window:
+            raise ValueError(
+                f"rule {self.name!r}: the trailing baseline ({self.baseline.window:g}s) must be"
+                f" at least as long as the window ({self.window:g}s)"
+            )
+        return self
+
+    @property
+    def hysteresis_value(self) -> float:
+        """Hysteresis in the units of ``drop`` (default: half the drop)."""
+        return self.drop.value / 2 if self.hysteresis is None else self.hysteresis
+
+    @property
+    def baseline_min_samples(self) -> int:
+        if isinstance(self.baseline, TrailingBaseline) and self.baseline.min_samples:
+            return self.baseline.min_samples
+        return self.min_samples
+
+    @property
+    def severity(self) -> str:
+        return self.labels.get("severity", "warning")
+
+
+class _Retrying(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(min_length=1)
+    headers: dict[str, str] = Field(default_factory=dict)
+    #: Per-request timeout.
+    timeout: Duration = Field(default=5.0, gt=0)
+    #: Attempts per notification (1 = no retry).  Retried: connection errors,
+    #: timeouts, 429 and 5xx.  Other answers are final.
+    max_attempts: int = Field(default=4, ge=1, le=20)
+    #: Backoff before retry k (k = 1, 2, ...): ``backoff * 2**(k-1)``, at most ``max_backoff``.
+    backoff: Duration = Field(default=0.5, ge=0)
+    max_backoff: Duration = Field(default=10.0, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"not an http(s) URL: {value!r}")
+        return value
+
+
+class WebhookConfig(_Retrying):
+    """A generic webhook: one JSON POST per firing and per resolved alert."""
+
+    enabled: bool = True
+
+
+class AlertmanagerConfig(_Retrying):
+    """The Alertmanager v2 API (``POST <url>/api/v2/alerts``)."""
+
+    enabled: bool = True
+    #: While firing, re-send this often so Alertmanager does not auto-resolve; each
+    #: firing post sets ``endsAt`` to four intervals ahead, so if the collector goes
+    #: away the alert resolves by itself.
+    resend_interval: Duration = Field(default=60.0, gt=0)
+    #: Static labels added to every alert (e.g. ``team``, or ``replica`` to keep the
+    #: alerts of several collector replicas apart).
+    labels: dict[str, str] = Field(default_factory=dict)
+    #: ``alertname`` label of the collector's alerts.
+    alertname: str = "RagtraceScoreDrop"
+    #: Link shown in Alertmanager (e.g. the Grafana dashboard).
+    generator_url: str | None = None
+
+
+class LogNotifierConfig(BaseModel):
+    """A structured (structlog) log line per firing and resolved alert."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+
+
+class AlertsConfig(BaseModel):
+    """The ``alerts:`` section."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    rules: list[DropRule] = Field(default_factory=list)
+    #: How often the detector evaluates its rules (the ``run`` loop's period).
+    evaluation_interval: Duration = Field(default=30.0, gt=0)
+    #: Services tracked per rule; results of further services are ignored (and logged
+    #: once), which bounds memory whatever the ``service`` label's cardinality.
+    max_services_per_rule: int = Field(default=200, ge=1)
+    #: Example trace ids (the lowest-scoring in the window) sent with an alert.
+    example_trace_ids: int = Field(default=5, ge=0, le=50)
+    webhook: WebhookConfig | None = None
+    alertmanager: AlertmanagerConfig | None = None
+    log: LogNotifierConfig = Field(default_factory=LogNotifierConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_rule_list(cls, data: Any) -> Any:
+        if isinstance(data, list):
+            return {"rules": data}
+        return data
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> AlertsConfig:
+        seen: set[str] = set()
+        for rule in self.rules:
+            if rule.name in seen:
+                raise ValueError(f"duplicate alert rule name {rule.name!r}")
+            seen.add(rule.name)
+        return self

@@ -1,0 +1,101 @@
+"""The Prometheus rules and Alertmanager config shipped in ``docker/``, checked with
+the real ``promtool`` and ``amtool``."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ragtrace_collector.alerts.promrules import (
+    SHIPPED_ALERTS,
+    _main,
+    render_rules,
+    with_durations,
+)
+from tests.fakes.services import AMTOOL, PROMTOOL
+
+pytestmark = [pytest.mark.services, pytest.mark.timeout(60)]
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "docker" / "prometheus" / "rules" / "ragtrace.rules.yml"
+RULE_TESTS = ROOT / "docker" / "prometheus" / "tests" / "ragtrace.rules.test.yml"
+ALERTMANAGER_YML = ROOT / "docker" / "alertmanager" / "alertmanager.yml"
+
+
+def _tool(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    binary = PROMTOOL if args[0] == "promtool" else AMTOOL
+    assert binary is not None, f"{args[0]} is not installed (scripts/setup-services.sh)"
+    return subprocess.run(
+        [binary, *map(str, args[1:])], capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def test_the_shipped_rules_are_the_generated_ones() -> None:
+    assert RULES.read_text(encoding="utf-8") == render_rules(SHIPPED_ALERTS), (
+        f"{RULES} is out of date: regenerate it with "
+        f"python -m ragtrace_collector.alerts.promrules -o {RULES}"
+    )
+
+
+def test_the_shipped_rules_pass_promtool_check() -> None:
+    result = _tool("promtool", "check", "rules", RULES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 6 rules found" in result.stdout
+
+
+def test_the_shipped_rules_pass_their_unit_tests() -> None:
+    result = _tool("promtool", "test", "rules", RULE_TESTS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_the_unit_tests_catch_a_changed_rule(tmp_path: Path) -> None:
+    """The promtool tests are not vacuous: rules with a drop threshold of 0.5 (the
+    recall drop in the fixture is 0.3) fail them."""
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "tests").mkdir()
+    lax = [replace(a, drop=0.5) for a in SHIPPED_ALERTS]
+    (tmp_path / "rules" / RULES.name).write_text(render_rules(lax), encoding="utf-8")
+    shutil.copy(RULE_TESTS, tmp_path / "tests" / RULE_TESTS.name)
+    result = _tool("promtool", "test", "rules", tmp_path / "tests" / RULE_TESTS.name)
+    assert result.returncode != 0
+    assert "RagtraceRecallDrop" in result.stdout + result.stderr
+
+
+def test_broken_rules_fail_promtool_check(tmp_path: Path) -> None:
+    doc = yaml.safe_load(render_rules(SHIPPED_ALERTS))
+    alert = doc["groups"][0]["rules"][-1]
+    alert["expr"] = alert["expr"].replace(">= 0.1", ">= ")  # a syntax error
+    broken = tmp_path / "broken.yml"
+    broken.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    result = _tool("promtool", "check", "rules", broken)
+    assert result.returncode != 0
+    assert "parse error" in (result.stdout + result.stderr)
+
+
+def test_other_parameters_render_valid_rules(tmp_path: Path) -> None:
+    out = tmp_path / "custom.rules.yml"
+    assert _main(["--window", "30m", "--baseline", "7d", "--drop", "10%", "-o", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert "rate(ragtrace_eval_score_sum[7d] offset 30m)" in text
+    assert "humanizePercentage" in text
+    result = _tool("promtool", "check", "rules", out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    fast = tmp_path / "fast.rules.yml"
+    fast.write_text(
+        render_rules(with_durations(SHIPPED_ALERTS, window=10, baseline=30, for_=2)),
+        encoding="utf-8",
+    )
+    result = _tool("promtool", "check", "rules", fast)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_shipped_alertmanager_config_is_valid() -> None:
+    result = _tool("amtool", "check-config", ALERTMANAGER_YML)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
