@@ -31,14 +31,13 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from ragtrace import semconv
 from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
 from ragtrace_collector.case_builder import BuiltCase, build_cases
 from ragtrace_collector.cases import ContextItem, Conversation, Turn
+from ragtrace_collector.config import EvaluationConfig
 from ragtrace_collector.enrichment import (
     EnrichmentConfig,
     EvalSummary,
@@ -47,13 +46,7 @@ from ragtrace_collector.enrichment import (
 )
 from ragtrace_collector.judges.base import Judge, JudgeCallRecord
 from ragtrace_collector.logs import get_logger
-from ragtrace_collector.metrics import (
-    OFFLINE_METRICS,
-    ConversationMetric,
-    Metric,
-    MetricOptions,
-    build_metrics,
-)
+from ragtrace_collector.metrics import ConversationMetric, Metric
 from ragtrace_collector.otlp import Span, SpanGroup
 from ragtrace_collector.results import Cost, MetricResult
 from ragtrace_collector.sampling import Sampler, SamplingDecision, trace_attribute_lookup
@@ -66,38 +59,6 @@ __all__ = ["EvaluationConfig", "OnlineEvaluator", "ResultListener"]
 Forward = Callable[[AssembledTrace], None]
 #: Called for every metric result: (service, metric, result, trace id hex).
 ResultListener = Callable[[str, str, MetricResult, str], None]
-
-
-class EvaluationConfig(BaseModel):
-    """The ``evaluation:`` section: which metrics run, and how much work is in flight."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(True, description="false: forward every trace unevaluated")
-    metrics: dict[str, MetricOptions] | None = Field(
-        None,
-        description="metric name -> options (METRICS.md names); default: every metric the "
-        "offline judge can serve",
-    )
-    defaults: dict[str, Any] = Field(
-        default_factory=dict, description="options applied to every metric (e.g. threshold)"
-    )
-    workers: int = Field(32, ge=1, le=4096, description="traces evaluated concurrently")
-    queue_size: int = Field(
-        1000, ge=1, description="sampled traces waiting; beyond it they pass unevaluated"
-    )
-    metric_timeout: float = Field(30.0, gt=0, description="seconds for one metric on one case")
-    trace_timeout: float = Field(
-        60.0, gt=0, description="seconds for all metrics of one trace; then it is forwarded"
-    )
-    late_results: Literal["drop", "carrier"] = Field(
-        "drop",
-        description="a metric still running at trace_timeout: drop (record error=timeout) "
-        "or finish it and send the result on a carrier span",
-    )
-
-    def metric_names(self) -> list[str]:
-        return list(self.metrics) if self.metrics is not None else list(OFFLINE_METRICS)
 
 
 @dataclass
@@ -125,6 +86,7 @@ class OnlineEvaluator:
         self,
         config: EvaluationConfig,
         *,
+        metrics: Sequence[Metric],
         judge: Judge,
         sampler: Sampler,
         session_store: SessionStore,
@@ -142,12 +104,9 @@ class OnlineEvaluator:
         self._reference_lookup = reference_lookup
         self._listeners = list(listeners)
         self._log = get_logger("evaluator")
-        all_metrics = build_metrics(
-            config.metric_names(), config.metrics or {}, defaults=config.defaults
-        )
-        self.case_metrics: list[Metric] = [m for m in all_metrics if m.kind == "case"]
+        self.case_metrics: list[Metric] = [m for m in metrics if m.kind == "case"]
         self.conversation_metrics: list[ConversationMetric] = [
-            m for m in all_metrics if isinstance(m, ConversationMetric) and m.kind == "conversation"
+            m for m in metrics if isinstance(m, ConversationMetric) and m.kind == "conversation"
         ]
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(config.queue_size)
         self._workers: list[asyncio.Task[None]] = []

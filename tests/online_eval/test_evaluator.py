@@ -19,7 +19,7 @@ from ragtrace_collector.enrichment import EnrichmentConfig
 from ragtrace_collector.evaluator import EvaluationConfig, OnlineEvaluator
 from ragtrace_collector.judges.base import JudgeAnswer, JudgeTask
 from ragtrace_collector.judges.offline import OfflineJudge
-from ragtrace_collector.metrics import MetricOptions, build_metric
+from ragtrace_collector.metrics import MetricOptions, build_metric, build_metrics
 from ragtrace_collector.otlp import SpanGroup
 from ragtrace_collector.results import MetricResult
 from ragtrace_collector.sampling import Sampler, SamplingConfig
@@ -103,13 +103,14 @@ def _evaluator(
     store: Any = None,
     **config: Any,
 ) -> OnlineEvaluator:
+    chosen = (
+        metrics
+        if metrics is not None
+        else {"id_context_recall": MetricOptions(), "id_context_precision": MetricOptions()}
+    )
     return OnlineEvaluator(
-        EvaluationConfig(
-            metrics=metrics
-            if metrics is not None
-            else {"id_context_recall": MetricOptions(), "id_context_precision": MetricOptions()},
-            **config,
-        ),
+        EvaluationConfig(**config),
+        metrics=build_metrics(list(chosen), chosen),
         judge=judge or OfflineJudge(),
         sampler=Sampler(SamplingConfig(rate=rate)),
         session_store=store or create_session_store(SessionStoreConfig()),

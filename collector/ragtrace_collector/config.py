@@ -1,0 +1,725 @@
+"""The collector's configuration: one YAML file, validated by pydantic.
+
+``load_config(path)`` reads YAML, replaces ``${VAR}`` and ``${VAR:-default}`` in every
+string value with the environment (``$${`` escapes a literal ``${``), and validates the
+result against :class:`CollectorConfig`.  Every model forbids unknown keys; a typo gets
+a "did you mean" hint.  Any problem raises :class:`ConfigError`, whose ``problems`` each
+name the key (dotted path) and what is wrong with it.
+
+Durations accept a number of seconds or a string with a unit (``250ms``, ``2s``,
+``5m``, ``1h``); sizes accept a number of bytes or a string (``512KiB``, ``16MiB``,
+``1GB``).  With no file at all, the defaults give a working collector: OTLP receivers
+on 127.0.0.1:4317/4318, admin on 127.0.0.1:8888, spans written to
+``ragtrace-spans.jsonl``.
+
+To add a section (sampling, evaluation, ...), add a model and a field to
+:class:`CollectorConfig`; keep ``extra="forbid"`` by deriving from :class:`StrictModel`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from ragtrace_collector.alerts.config import AlertsConfig
+from ragtrace_collector.enrichment import EnrichmentConfig
+from ragtrace_collector.judges.config import JudgeConfig
+from ragtrace_collector.metrics.base import MetricOptions
+from ragtrace_collector.reference_store import ReferenceStoreConfig
+from ragtrace_collector.sampling import SamplingConfig
+from ragtrace_collector.session_store import SessionStoreConfig
+
+__all__ = [
+    "AdminConfig",
+    "AssemblyConfig",
+    "AuthConfig",
+    "ByteSize",
+    "ClientTLSConfig",
+    "CollectorConfig",
+    "ConfigError",
+    "Duration",
+    "EvaluationConfig",
+    "ExporterConfig",
+    "FileExporterConfig",
+    "GrpcReceiverConfig",
+    "HttpReceiverConfig",
+    "LoggingConfig",
+    "OtlpGrpcExporterConfig",
+    "OtlpHttpExporterConfig",
+    "QueueConfig",
+    "ReceiversConfig",
+    "RetryConfig",
+    "ServerTLSConfig",
+    "ShutdownConfig",
+    "StrictModel",
+    "check_config_command",
+    "load_config",
+    "parse_config",
+    "split_host_port",
+]
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; ``problems`` has one line per problem."""
+
+    def __init__(self, problems: Sequence[str], source: str = "config") -> None:
+        self.problems = list(problems)
+        self.source = source
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [f"{self.source}: invalid configuration"]
+        lines += [f"  - {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------- value types
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMG]i?B|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+}
+
+
+def _parse_duration(value: Any) -> Any:
+    if isinstance(value, str):
+        m = _DURATION_RE.match(value)
+        if m is None:
+            raise ValueError(
+                f"{value!r} is not a duration (use seconds, or a number with ms, s, m or h)"
+            )
+        return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    return value
+
+
+def _parse_size(value: Any) -> Any:
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m is None:
+            raise ValueError(f"{value!r} is not a size (use bytes, or e.g. 512KiB, 16MiB, 1GB)")
+        unit = (m.group(2) or "b").lower()
+        return int(float(m.group(1)) * _SIZE_UNITS[unit])
+    return value
+
+
+#: Seconds, from a number or a string such as ``"250ms"`` or ``"2s"``.
+Duration = Annotated[float, BeforeValidator(_parse_duration), Field(ge=0)]
+#: Bytes, from a number or a string such as ``"16MiB"``.
+ByteSize = Annotated[int, BeforeValidator(_parse_size), Field(gt=0)]
+
+
+def split_host_port(endpoint: str) -> tuple[str, int]:
+    """``"127.0.0.1:4317"`` -> ``("127.0.0.1", 4317)``; ``"[::1]:4317"`` works too."""
+    host, sep, port_text = endpoint.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{endpoint!r} is not host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"{endpoint!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{endpoint!r}: port {port} is out of range 0-65535")
+    return host, port
+
+
+def _check_listen_endpoint(value: str) -> str:
+    split_host_port(value)
+    return value
+
+
+def _check_file(path: Path | None) -> Path | None:
+    if path is not None and not path.is_file():
+        raise ValueError(f"file not found: {path}")
+    return path
+
+
+class StrictModel(BaseModel):
+    """Base of every config section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+# -------------------------------------------------------------------- sections
+class ServerTLSConfig(StrictModel):
+    """TLS for a receiver: a certificate chain and its private key (PEM files)."""
+
+    cert_file: Path
+    key_file: Path
+    #: When set, clients must present a certificate signed by this CA (mTLS).
+    client_ca_file: Path | None = None
+
+    _files = field_validator("cert_file", "key_file", "client_ca_file")(_check_file)
+
+
+class ClientTLSConfig(StrictModel):
+    """TLS for an exporter.  https endpoints use TLS; these options tune it."""
+
+    #: CA bundle to verify the backend (default: the system's).
+    ca_file: Path | None = None
+    #: Client certificate and key, for backends that want mTLS.
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    #: Skip certificate verification (HTTP exporter only; for tests, never production).
+    insecure_skip_verify: bool = False
+
+    _files = field_validator("ca_file", "cert_file", "key_file")(_check_file)
+
+    @model_validator(mode="after")
+    def _pair(self) -> ClientTLSConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file must be set together")
+        return self
+
+
+class AuthConfig(StrictModel):
+    """Bearer-token authentication of incoming exports (both receivers)."""
+
+    #: Accepted tokens; clients send ``Authorization: Bearer <token>``.  Empty: no auth.
+    bearer_tokens: list[SecretStr] = Field(default_factory=list)
+
+    @field_validator("bearer_tokens")
+    @classmethod
+    def _non_empty(cls, tokens: list[SecretStr]) -> list[SecretStr]:
+        for token in tokens:
+            if not token.get_secret_value().strip():
+                raise ValueError("a bearer token must not be empty")
+        return tokens
+
+
+class GrpcReceiverConfig(StrictModel):
+    enabled: bool = True
+    endpoint: Annotated[str, BeforeValidator(str)] = "127.0.0.1:4317"
+    tls: ServerTLSConfig | None = None
+    #: Largest accepted request message (after decompression).
+    max_request_bytes: ByteSize = 16 * 1024 * 1024
+
+    _endpoint = field_validator("endpoint")(_check_listen_endpoint)
+
+
+class HttpReceiverConfig(StrictModel):
+    enabled: bool = True
+    endpoint: Annotated[str, BeforeValidator(str)] = "127.0.0.1:4318"
+    tls: ServerTLSConfig | None = None
+    #: Largest accepted body, both as sent and after gzip decompression (else 413).
+    max_request_bytes: ByteSize = 16 * 1024 * 1024
+
+    _endpoint = field_validator("endpoint")(_check_listen_endpoint)
+
+
+class ReceiversConfig(StrictModel):
+    grpc: GrpcReceiverConfig = Field(default_factory=GrpcReceiverConfig)
+    http: HttpReceiverConfig = Field(default_factory=HttpReceiverConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    #: Delay suggested to throttled clients (HTTP Retry-After, gRPC RetryInfo).
+    retry_after: Duration = 1.0
+
+
+class AssemblyConfig(StrictModel):
+    #: A trace whose root has arrived is ready after this long without a new span.
+    decision_wait: Duration = 2.0
+    #: A trace is released this long after its first span, root or not.
+    max_trace_wait: Duration = 30.0
+    #: Over this many buffered spans, the oldest traces are released early.
+    max_buffered_spans: int = Field(default=100_000, ge=1)
+    #: How many released trace ids to remember, to recognise late spans.
+    late_trace_ids: int = Field(default=100_000, ge=0)
+    #: How long a released trace id is remembered.
+    late_trace_ttl: Duration = 600.0
+
+    @model_validator(mode="after")
+    def _order(self) -> AssemblyConfig:
+        if self.decision_wait > self.max_trace_wait:
+            raise ValueError(
+                f"decision_wait ({self.decision_wait}s) must not exceed "
+                f"max_trace_wait ({self.max_trace_wait}s)"
+            )
+        return self
+
+
+class RetryConfig(StrictModel):
+    """Exponential backoff with jitter, for retryable export failures."""
+
+    initial_interval: Duration = 0.5
+    max_interval: Duration = 10.0
+    multiplier: float = Field(default=2.0, ge=1.0)
+    #: Each delay is multiplied by a random factor in [1 - jitter, 1 + jitter].
+    jitter: float = Field(default=0.2, ge=0.0, le=1.0)
+    #: Give up on a batch after this long (counted as dropped).  None: retry until
+    #: it is delivered or the shutdown deadline passes.
+    max_elapsed_time: Duration | None = None
+
+
+class QueueConfig(StrictModel):
+    """An exporter's bounded queue (spans waiting plus spans in flight)."""
+
+    max_spans: int = Field(default=50_000, ge=1)
+    #: backpressure: receivers refuse new spans while the queue is full (nothing is
+    #: lost; clients retry).  drop_oldest: the oldest queued spans are dropped, counted.
+    on_full: Literal["backpressure", "drop_oldest"] = "backpressure"
+
+
+class _ExporterBase(StrictModel):
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    #: Spans per export request (a trace is never split across requests).
+    max_batch_spans: int = Field(default=2048, ge=1)
+    #: Export requests in flight at once.
+    concurrency: int = Field(default=2, ge=1, le=64)
+    #: Timeout of one export call.
+    timeout: Duration = 10.0
+
+
+class OtlpHttpExporterConfig(_ExporterBase):
+    type: Literal["otlp_http"]
+    #: Base URL (``/v1/traces`` is appended) or the full URL of the traces endpoint.
+    endpoint: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    compression: Literal["gzip", "none"] = "gzip"
+    tls: ClientTLSConfig = Field(default_factory=ClientTLSConfig)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        return value
+
+    def traces_url(self) -> str:
+        parts = urlsplit(self.endpoint)
+        if parts.path in ("", "/"):
+            return self.endpoint.rstrip("/") + "/v1/traces"
+        return self.endpoint
+
+
+class OtlpGrpcExporterConfig(_ExporterBase):
+    type: Literal["otlp_grpc"]
+    #: ``host:port``, ``http://host:port`` (plaintext) or ``https://host:port`` (TLS).
+    endpoint: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    compression: Literal["gzip", "none"] = "gzip"
+    tls: ClientTLSConfig = Field(default_factory=ClientTLSConfig)
+    #: Force plaintext even for a bare host:port (the default) — or TLS with false.
+    insecure: bool | None = None
+
+    @field_validator("endpoint")
+    @classmethod
+    def _target(cls, value: str) -> str:
+        cls._split(value)
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _lower_keys(cls, headers: dict[str, str]) -> dict[str, str]:
+        return {k.lower(): v for k, v in headers.items()}
+
+    @staticmethod
+    def _split(value: str) -> tuple[str, bool | None]:
+        if "://" in value:
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
+                raise ValueError(
+                    f"{value!r} is not host:port, http://host:port or https://host:port"
+                )
+            return parts.netloc, parts.scheme == "https"
+        split_host_port(value)
+        return value, None
+
+    def target(self) -> str:
+        return self._split(self.endpoint)[0]
+
+    def use_tls(self) -> bool:
+        if self.insecure is not None:
+            return not self.insecure
+        scheme_tls = self._split(self.endpoint)[1]
+        if scheme_tls is not None:
+            return scheme_tls
+        return self.tls.ca_file is not None or self.tls.cert_file is not None
+
+
+class FileExporterConfig(_ExporterBase):
+    """OTLP/JSON lines, one ExportTraceServiceRequest per line, size-based rotation."""
+
+    type: Literal["file"]
+    path: Path
+    #: Rotate when the file would grow past this size.
+    max_bytes: ByteSize = 100 * 1024 * 1024
+    #: Rotated files kept (path.1 ... path.N); older ones are deleted.
+    keep: int = Field(default=5, ge=0)
+    concurrency: int = Field(default=1, ge=1, le=1)
+
+
+ExporterConfig = Annotated[
+    OtlpHttpExporterConfig | OtlpGrpcExporterConfig | FileExporterConfig,
+    Field(discriminator="type"),
+]
+
+
+def _default_exporters() -> dict[str, ExporterConfig]:
+    return {"file": FileExporterConfig(type="file", path=Path("ragtrace-spans.jsonl"))}
+
+
+class AdminConfig(StrictModel):
+    """The admin HTTP port: /metrics, /healthz, /readyz."""
+
+    enabled: bool = True
+    endpoint: Annotated[str, BeforeValidator(str)] = "127.0.0.1:8888"
+
+    _endpoint = field_validator("endpoint")(_check_listen_endpoint)
+
+
+class LoggingConfig(StrictModel):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "console"] = "json"
+
+
+class ShutdownConfig(StrictModel):
+    """Deadlines of the graceful shutdown (SIGTERM, SIGINT)."""
+
+    #: In-flight requests may finish within this after the receivers stop.
+    receiver_grace: Duration = 5.0
+    #: The trace processor may finish held traces within this; then they go out as is.
+    processor_timeout: Duration = 10.0
+    #: Exporters may deliver their queues within this; what remains is counted dropped.
+    flush_timeout: Duration = 20.0
+
+
+class EvaluationConfig(StrictModel):
+    """How much evaluation work is in flight, and its deadlines."""
+
+    #: false: forward every trace unevaluated (a plain OTLP pass-through).
+    enabled: bool = True
+    #: Options applied to every metric under ``metrics:`` (e.g. ``threshold: 0.7``).
+    metric_defaults: dict[str, Any] = Field(default_factory=dict)
+    #: Traces evaluated concurrently (judge calls are limited by ``judge.concurrency``).
+    workers: int = Field(32, ge=1, le=4096)
+    #: Sampled traces waiting for a worker; beyond it they pass unevaluated (overload).
+    queue_size: int = Field(1000, ge=1)
+    #: One metric on one case.
+    metric_timeout: Duration = Field(30.0, gt=0)
+    #: All metrics of one trace; then the trace is forwarded with what is done.
+    trace_timeout: Duration = Field(60.0, gt=0)
+    #: A metric still running at ``trace_timeout``: ``drop`` records
+    #: ``error="timeout"``; ``carrier`` lets it finish and sends its result on a
+    #: carrier span.
+    late_results: Literal["drop", "carrier"] = "drop"
+
+
+class CollectorConfig(StrictModel):
+    """The root of ``collector.yaml``."""
+
+    receivers: ReceiversConfig = Field(default_factory=ReceiversConfig)
+    assembly: AssemblyConfig = Field(default_factory=AssemblyConfig)
+    exporters: dict[str, ExporterConfig] = Field(default_factory=_default_exporters)
+    #: The judge answering the LLM metrics: ``offline`` or a litellm model string.
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    #: Metric name (METRICS.md) -> options.  Default: every metric the offline judge
+    #: serves (see ``ragtrace_collector.metrics.OFFLINE_METRICS``).
+    metrics: dict[str, MetricOptions] | None = None
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    #: Ground truth from a JSONL or YAML file, matched on the request input.
+    reference_store: ReferenceStoreConfig | None = None
+    session_store: SessionStoreConfig = Field(default_factory=SessionStoreConfig)
+    enrichment: EnrichmentConfig = Field(default_factory=EnrichmentConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    admin: AdminConfig = Field(default_factory=AdminConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig)
+
+    @field_validator("metrics")
+    @classmethod
+    def _known_metrics(
+        cls, value: dict[str, MetricOptions] | None
+    ) -> dict[str, MetricOptions] | None:
+        if value is not None:
+            from ragtrace_collector.metrics import parse_metric_names
+
+            parse_metric_names(list(value))  # unknown names: a did-you-mean error
+        return value
+
+    @field_validator("exporters")
+    @classmethod
+    def _some_exporter(cls, value: dict[str, ExporterConfig]) -> dict[str, ExporterConfig]:
+        if not value:
+            raise ValueError("at least one exporter is required (spans must go somewhere)")
+        return value
+
+    def secrets(self) -> list[str]:
+        """Values that must never appear in logs: tokens and exporter header values."""
+        found = [t.get_secret_value() for t in self.receivers.auth.bearer_tokens]
+        for exporter in self.exporters.values():
+            if isinstance(exporter, OtlpHttpExporterConfig | OtlpGrpcExporterConfig):
+                found += list(exporter.headers.values())
+        return [s for s in found if s]
+
+
+# ------------------------------------------------------------ env interpolation
+_ENV_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{")
+
+
+def _interpolate(value: Any, env: Mapping[str, str], path: tuple[str | int, ...]) -> Any:
+    if isinstance(value, str):
+        return _interpolate_str(value, env, path)
+    if isinstance(value, dict):
+        return {k: _interpolate(v, env, (*path, str(k))) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, env, (*path, i)) for i, v in enumerate(value)]
+    return value
+
+
+def _interpolate_str(text: str, env: Mapping[str, str], path: tuple[str | int, ...]) -> str:
+    if "${" not in text:
+        return text
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$${":
+            return "${"
+        name, default = m.group(1), m.group(2)
+        if name is None:
+            raise ConfigError(
+                [
+                    f"{_dotted(path)}: malformed ${{...}} reference in {text!r} "
+                    "(use ${NAME} or ${NAME:-default}; write $${ for a literal ${)"
+                ]
+            )
+        value = env.get(name)
+        if value is None or (value == "" and default is not None):
+            if default is None:
+                raise ConfigError(
+                    [
+                        f"{_dotted(path)}: environment variable {name} is not set "
+                        f"(write ${{{name}:-default}} to give a default)"
+                    ]
+                )
+            return default
+        return value
+
+    return _ENV_RE.sub(sub, text)
+
+
+def _dotted(path: Sequence[str | int]) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + part
+    return out or "(top level)"
+
+
+# ------------------------------------------------------------------ validation
+def parse_config(
+    data: Any, *, env: Mapping[str, str] | None = None, source: str = "config"
+) -> CollectorConfig:
+    """Validate already-parsed YAML data (``None`` means defaults)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [f"(top level): expected a mapping of sections, got {type(data).__name__}"], source
+        )
+    try:
+        data = _interpolate(data, os.environ if env is None else env, ())
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, source) from None
+    try:
+        return CollectorConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, data), source) from None
+
+
+def load_config(path: Path | None, *, env: Mapping[str, str] | None = None) -> CollectorConfig:
+    """Read, interpolate and validate ``path``; ``None`` gives the defaults."""
+    if path is None:
+        return parse_config({}, env=env, source="(defaults)")
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(["file not found"], source) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"cannot read the file: {exc}"], source) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"YAML syntax error at {where}{problem}"], source) from None
+    return parse_config(data, env=env, source=source)
+
+
+def _describe(exc: ValidationError, data: Any) -> list[str]:
+    problems = []
+    for error in exc.errors(include_url=False):
+        loc = _clean_loc(error["loc"], data)
+        key = _dotted(loc)
+        if error["type"] == "extra_forbidden":
+            problems.append(f"{key}: unknown key{_hint(loc, data)}")
+        elif error["type"] == "missing":
+            problems.append(f"{key}: required key is missing")
+        elif error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            ctx = error.get("ctx", {})
+            tags = _tags_at(loc)
+            expected = ", ".join(repr(t) for t in tags)
+            field = str(ctx.get("discriminator", "type")).strip("'")
+            if error["type"] == "union_tag_not_found":
+                problems.append(f"{key}.{field}: required key is missing (one of: {expected})")
+            else:
+                tag = str(ctx.get("tag", ""))
+                close = difflib.get_close_matches(tag, tags, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}?" if close else f"one of: {expected}"
+                problems.append(f"{key}.{field}: unknown value {tag!r} ({hint})")
+        else:
+            msg = error["msg"]
+            msg = msg.removeprefix("Value error, ")
+            problems.append(f"{key}: {msg}")
+    return problems
+
+
+def _clean_loc(loc: tuple[str | int, ...], data: Any) -> list[str | int]:
+    """Drop the union-tag elements pydantic inserts for discriminated unions."""
+    out: list[str | int] = []
+    node = data
+    model: Any = CollectorConfig
+    for part in loc:
+        choices = _union_members(model)
+        if choices and isinstance(part, str) and part in {_tag_of(c) for c in choices}:
+            model = next(c for c in choices if _tag_of(c) == part)
+            continue
+        out.append(part)
+        model = _child_type(model, part)
+        node = node.get(part) if isinstance(node, dict) else None
+    return out
+
+
+def _tags_at(loc: list[str | int]) -> list[str]:
+    model: Any = CollectorConfig
+    for part in loc:
+        model = _child_type(model, part)
+    return [t for t in (_tag_of(m) for m in _union_members(model)) if t]
+
+
+def _hint(loc: list[str | int], data: Any) -> str:
+    """ ", did you mean 'x'?" for a misspelt key, from the fields of its model."""
+    *parent, bad = loc
+    if not isinstance(bad, str):
+        return ""
+    model: Any = CollectorConfig
+    node = data
+    for part in parent:
+        model = _child_type(model, part)
+        node = node.get(part) if isinstance(node, dict) else None
+        choices = _union_members(model)
+        if choices:
+            tag = node.get("type") if isinstance(node, dict) else None
+            picked = [c for c in choices if _tag_of(c) == tag] or choices
+            model = picked[0] if len(picked) == 1 else picked
+    names: set[str] = set()
+    for m in model if isinstance(model, list) else [model]:
+        if isinstance(m, type) and issubclass(m, BaseModel):
+            names |= set(m.model_fields)
+    close = difflib.get_close_matches(bad, sorted(names), n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    if names:
+        return f" (expected one of: {', '.join(sorted(names))})"
+    return ""
+
+
+def _unwrap(tp: Any) -> Any:
+    while True:
+        origin = get_origin(tp)
+        if origin is Annotated:
+            tp = get_args(tp)[0]
+            continue
+        if origin in (Union, types.UnionType):
+            args = [a for a in get_args(tp) if a is not type(None)]
+            if len(args) == 1:
+                tp = args[0]
+                continue
+        return tp
+
+
+def _child_type(model: Any, part: str | int) -> Any:
+    tp = _unwrap(model)
+    if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
+        info = tp.model_fields.get(part)
+        if info is None:
+            return None
+        hints = typing.get_type_hints(tp, include_extras=True)
+        return _unwrap(hints.get(part, info.annotation))
+    origin = get_origin(tp)
+    if origin in (dict, Mapping):
+        return _unwrap(get_args(tp)[1])
+    if origin in (list, Sequence):
+        return _unwrap(get_args(tp)[0])
+    return tp if _union_members(tp) else None
+
+
+def _union_members(tp: Any) -> list[type[BaseModel]]:
+    tp = _unwrap(tp)
+    if get_origin(tp) in (Union, types.UnionType):
+        members = [a for a in get_args(tp) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if members and all(_tag_of(m) for m in members):
+            return members
+    return []
+
+
+def _tag_of(model: type[BaseModel]) -> str | None:
+    info = model.model_fields.get("type")
+    if info is None:
+        return None
+    args = get_args(info.annotation)
+    return str(args[0]) if args else None
+
+
+# ---------------------------------------------------------------- check-config
+def check_config_command(path: Path) -> int:
+    """``ragtrace-collector check-config FILE``: 0 valid, 1 invalid, 2 unreadable."""
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        unreadable = any(p == "file not found" or p.startswith("cannot read") for p in exc.problems)
+        return 2 if unreadable else 1
+    exporters = ", ".join(f"{name} ({e.type})" for name, e in config.exporters.items())
+    receivers = [
+        f"{kind} {cfg.endpoint}"
+        for kind, cfg in (("grpc", config.receivers.grpc), ("http", config.receivers.http))
+        if cfg.enabled
+    ]
+    print(f"{path}: ok")
+    print(f"  receivers: {', '.join(receivers) or 'none'}")
+    print(f"  exporters: {exporters}")
+    return 0

@@ -1,0 +1,31 @@
+"""Exporters: OTLP/gRPC, OTLP/HTTP and OTLP/JSON file, each with its own queue."""
+
+from __future__ import annotations
+
+from ragtrace_collector.config import (
+    ExporterConfig,
+    FileExporterConfig,
+    OtlpGrpcExporterConfig,
+    OtlpHttpExporterConfig,
+)
+from ragtrace_collector.exporters.base import Exporter, ExportError
+from ragtrace_collector.telemetry import Telemetry
+
+__all__ = ["ExportError", "Exporter", "build_exporter"]
+
+
+def build_exporter(name: str, config: ExporterConfig, telemetry: Telemetry) -> Exporter[object]:
+    """The exporter for one ``exporters.<name>`` config section."""
+    if isinstance(config, OtlpHttpExporterConfig):
+        from ragtrace_collector.exporters.otlp_http import OtlpHttpExporter
+
+        return OtlpHttpExporter(name, config, telemetry)  # type: ignore[return-value]
+    if isinstance(config, OtlpGrpcExporterConfig):
+        from ragtrace_collector.exporters.otlp_grpc import OtlpGrpcExporter
+
+        return OtlpGrpcExporter(name, config, telemetry)  # type: ignore[return-value]
+    if isinstance(config, FileExporterConfig):
+        from ragtrace_collector.exporters.file import FileExporter
+
+        return FileExporter(name, config, telemetry)  # type: ignore[return-value]
+    raise TypeError(f"unknown exporter config {type(config).__name__}")

@@ -1,0 +1,318 @@
+"""The exporter machinery shared by every backend: queue, batching, workers, retries.
+
+Each exporter owns a bounded queue and its own worker tasks, so a slow or failing
+backend never blocks another exporter.  ``enqueue`` never blocks and never fails:
+
+* ``on_full: backpressure`` (default): the queue may pass its bound only by what was
+  already inside the collector when it filled; :meth:`Exporter.full` tells the
+  pipeline to refuse new spans (receivers answer 429/RESOURCE_EXHAUSTED with a retry
+  delay), so nothing accepted is ever dropped;
+* ``on_full: drop_oldest``: the oldest queued spans are dropped, counted in
+  ``ragtrace_spans_dropped{reason="queue_full"}``.
+
+A worker takes whole traces from the queue up to ``max_batch_spans``, encodes them
+once, and sends with retries: exponential backoff with jitter on retryable failures,
+or the delay the backend asked for (HTTP Retry-After, gRPC RetryInfo).  By default it
+retries until the batch is delivered, so spans wait while the backend is down and go
+out when it returns.  At shutdown, :meth:`Exporter.close` delivers what it can before
+the deadline and counts the rest as dropped (``reason="shutdown_deadline"``).
+
+``ragtrace_spans_dropped{reason}``: ``queue_full`` (drop_oldest), ``rejected`` (a
+non-retryable answer, or spans the backend refused in a partial success),
+``retry_timeout`` (``retry.max_elapsed_time``), ``shutdown_deadline``,
+``encode_error`` and ``closed`` (both bugs, never expected).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import random
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar
+
+from ragtrace_collector.config import RetryConfig
+from ragtrace_collector.logs import get_logger
+from ragtrace_collector.otlp import SpanGroup
+from ragtrace_collector.telemetry import Telemetry
+
+__all__ = ["ExportError", "Exporter", "backoff_delays"]
+
+_Payload = TypeVar("_Payload")
+
+#: A server may ask for a long pause; never sleep longer than this in one go.
+_MAX_SERVER_DELAY = 300.0
+
+
+class ExportError(Exception):
+    """One failed export call; ``retryable`` says whether to try the batch again."""
+
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+def backoff_delays(config: RetryConfig, rng: random.Random | None = None) -> Iterator[float]:
+    """Endless generator of jittered exponential delays per ``config``."""
+    rand = rng or random.Random()
+    delay = config.initial_interval
+    while True:
+        jitter = 1.0 + config.jitter * (2.0 * rand.random() - 1.0)
+        yield min(delay, config.max_interval) * jitter
+        delay = min(delay * config.multiplier, config.max_interval)
+
+
+class _Batch:
+    __slots__ = ("groups", "spans")
+
+    def __init__(self, groups: list[SpanGroup], spans: int) -> None:
+        self.groups = groups
+        self.spans = spans
+
+
+class Exporter(abc.ABC, Generic[_Payload]):
+    """Queue + workers + retry loop; subclasses encode and send one batch."""
+
+    #: The ``type`` of the config section, e.g. ``"otlp_http"``.
+    kind: str = ""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        queue_max_spans: int,
+        on_full: str,
+        max_batch_spans: int,
+        concurrency: int,
+        retry: RetryConfig,
+        telemetry: Telemetry,
+    ) -> None:
+        self.name = name
+        self._max_spans = queue_max_spans
+        self._drop_oldest = on_full == "drop_oldest"
+        self._max_batch = max_batch_spans
+        self._concurrency = concurrency
+        self._retry = retry
+        self._telemetry = telemetry
+        self._log = get_logger("exporter").bind(exporter=name, type=self.kind)
+        self._queue: deque[_Batch] = deque()
+        self._queued_spans = 0
+        self._inflight: set[_Batch] = set()
+        self._inflight_spans = 0
+        self._abandoned_spans = 0
+        self._nonempty = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._workers: list[asyncio.Task[None]] = []
+        self._closing = False
+        self._closed = False
+        self._deadline: float | None = None
+        self._depth_gauge = telemetry.queue_depth.labels(f"exporter:{name}")
+        self._forwarded = telemetry.spans_forwarded.labels(name)
+        self._retried = telemetry.spans_retried.labels(name)
+        self._latency = telemetry.export_latency.labels(name)
+        #: Whether the backend's last answer was a failure (for logs and readiness).
+        self.failing = False
+        #: Highest queue depth seen (spans queued plus in flight), for tests and benchmarks.
+        self.peak_depth = 0
+
+    # ------------------------------------------------------------------ state
+    @property
+    def backpressure(self) -> bool:
+        """True when a full queue must stop the receivers (on_full: backpressure)."""
+        return not self._drop_oldest
+
+    @property
+    def depth(self) -> int:
+        """Spans queued plus spans in flight."""
+        return self._queued_spans + self._inflight_spans
+
+    def full(self) -> bool:
+        return self.depth >= self._max_spans
+
+    # ------------------------------------------------------------------ input
+    def enqueue(self, groups: list[SpanGroup], spans: int) -> None:
+        """Queue the spans of one trace.  Never blocks, never raises."""
+        if spans <= 0:
+            return
+        if self._closed:
+            # Only a processor that forwards after its drain deadline gets here.
+            self._drop(spans, "closed")
+            self._log.error("export_after_close", spans=spans)
+            return
+        self._queue.append(_Batch(groups, spans))
+        self._queued_spans += spans
+        if self._drop_oldest:
+            while self.depth > self._max_spans and len(self._queue) > 1:
+                old = self._queue.popleft()
+                self._queued_spans -= old.spans
+                self._drop(old.spans, "queue_full")
+        depth = self.depth
+        if depth > self.peak_depth:
+            self.peak_depth = depth
+        self._idle.clear()
+        self._nonempty.set()
+        self._depth_gauge.set(depth)
+
+    # -------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        await self._open()
+        self._workers = [
+            asyncio.create_task(self._work(), name=f"exporter-{self.name}-{i}")
+            for i in range(self._concurrency)
+        ]
+
+    async def close(self, deadline: float) -> int:
+        """Deliver what is queued until ``deadline`` (loop time); drop and count the rest.
+
+        Returns the number of spans dropped.
+        """
+        loop = asyncio.get_running_loop()
+        self._closing = True
+        self._deadline = deadline
+        self._nonempty.set()  # wake idle workers so they can notice the end
+        dropped = 0
+        if self.depth:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - loop.time()))
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        leftover = self.depth + self._abandoned_spans
+        if leftover:
+            dropped = leftover
+            self._drop(leftover, "shutdown_deadline")
+            self._log.error(
+                "export_deadline_passed",
+                spans_dropped=leftover,
+                detail="the backend did not take every span before the shutdown deadline",
+            )
+            self._queue.clear()
+            self._queued_spans = 0
+            self._inflight.clear()
+            self._inflight_spans = 0
+        self._depth_gauge.set(0)
+        self._closed = True
+        await self._close_client()
+        return dropped
+
+    # ---------------------------------------------------------------- workers
+    def _take(self) -> list[_Batch]:
+        taken: list[_Batch] = []
+        total = 0
+        while self._queue:
+            nxt = self._queue[0]
+            if taken and total + nxt.spans > self._max_batch:
+                break
+            self._queue.popleft()
+            taken.append(nxt)
+            total += nxt.spans
+        return taken
+
+    async def _work(self) -> None:
+        while True:
+            if not self._queue:
+                if self._closing and not self._inflight:
+                    self._idle.set()
+                self._nonempty.clear()
+                await self._nonempty.wait()
+                continue
+            taken = self._take()
+            count = sum(b.spans for b in taken)
+            self._queued_spans -= count
+            for b in taken:
+                self._inflight.add(b)
+            self._inflight_spans += count
+            try:
+                await self._deliver([g for b in taken for g in b.groups], count)
+            except asyncio.CancelledError:
+                self._abandoned_spans += count
+                raise
+            finally:
+                for b in taken:
+                    self._inflight.discard(b)
+                self._inflight_spans -= count
+                self._depth_gauge.set(self.depth)
+                if not self._queue and not self._inflight:
+                    self._idle.set()
+
+    async def _deliver(self, groups: Sequence[SpanGroup], count: int) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            payload = await self._encode(groups)
+        except Exception as exc:  # a bug, not a backend problem: never lose silently
+            self._drop(count, "encode_error")
+            self._log.error("export_encode_failed", spans=count, error=repr(exc))
+            return
+        delays = backoff_delays(self._retry)
+        started = loop.time()
+        attempt = 0
+        while True:
+            attempt += 1
+            t0 = loop.time()
+            try:
+                rejected = await self._send(payload, count)
+            except ExportError as exc:
+                self._latency.observe(loop.time() - t0)
+                if not exc.retryable:
+                    self.failing = True
+                    self._drop(count, "rejected")
+                    self._log.error(
+                        "export_rejected", spans=count, error=str(exc), detail="not retryable"
+                    )
+                    return
+                wait = next(delays)
+                if exc.retry_after is not None:
+                    wait = min(max(exc.retry_after, 0.0), _MAX_SERVER_DELAY)
+                limit = self._retry.max_elapsed_time
+                if limit is not None and loop.time() + wait - started > limit:
+                    self._drop(count, "retry_timeout")
+                    self._log.error("export_gave_up", spans=count, attempts=attempt, error=str(exc))
+                    return
+                if self._deadline is not None:
+                    # Shutting down: keep trying until the deadline, when close() cancels
+                    # this worker and counts the batch as dropped.
+                    wait = min(wait, max(0.0, self._deadline - loop.time()))
+                if not self.failing or attempt == 2:
+                    self._log.warning(
+                        "export_retrying",
+                        spans=count,
+                        attempt=attempt,
+                        retry_in=round(wait, 3),
+                        error=str(exc),
+                    )
+                self.failing = True
+                self._retried.inc(count)
+                await asyncio.sleep(wait)
+                continue
+            self._latency.observe(loop.time() - t0)
+            if self.failing:
+                self._log.info("export_recovered", attempts=attempt)
+            self.failing = False
+            if rejected:
+                self._drop(rejected, "rejected")
+                self._log.warning("export_partially_rejected", spans=count, rejected=rejected)
+            self._forwarded.inc(count - rejected)
+            return
+
+    def _drop(self, count: int, reason: str) -> None:
+        self._telemetry.spans_dropped.labels(self.name, reason).inc(count)
+
+    # ------------------------------------------------------------ subclasses
+    async def _open(self) -> None:
+        """Create clients (runs in the event loop)."""
+
+    async def _close_client(self) -> None:
+        """Release clients."""
+
+    @abc.abstractmethod
+    async def _encode(self, groups: Sequence[SpanGroup]) -> _Payload:
+        """Turn a batch into what :meth:`_send` sends (done once per batch)."""
+
+    @abc.abstractmethod
+    async def _send(self, payload: _Payload, spans: int) -> int:
+        """Send once.  Return how many spans the backend rejected (partial success),
+        or raise :class:`ExportError`."""

@@ -1,0 +1,123 @@
+"""The evaluation stage, assembled from config: judge, metrics, sampler, stores,
+evaluator and drop detector, with one lifecycle.
+
+``serve`` builds it with :func:`build_stage`, passes :attr:`EvaluationStage.processor`
+to the pipeline as its trace processor, and calls :meth:`EvaluationStage.start` /
+:meth:`EvaluationStage.aclose` around the service's own lifecycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from ragtrace_collector.alerts.detector import DropDetector
+from ragtrace_collector.evaluator import OnlineEvaluator
+from ragtrace_collector.judges.base import JudgeCallRecord
+from ragtrace_collector.judges.factory import make_judge
+from ragtrace_collector.logs import get_logger
+from ragtrace_collector.metrics import OFFLINE_METRICS, build_metrics
+from ragtrace_collector.reference_store import ReferenceStore
+from ragtrace_collector.results import MetricResult
+from ragtrace_collector.sampling import Sampler
+from ragtrace_collector.session_store import create_session_store
+
+if TYPE_CHECKING:
+    from ragtrace_collector.config import CollectorConfig
+    from ragtrace_collector.telemetry import Telemetry
+
+__all__ = ["EvaluationStage", "build_stage"]
+
+
+class EvaluationStage:
+    """Everything evaluation needs at run time, started and stopped together."""
+
+    def __init__(
+        self,
+        evaluator: OnlineEvaluator,
+        *,
+        detector: DropDetector | None,
+        reference_store: ReferenceStore | None,
+    ) -> None:
+        self.evaluator = evaluator
+        self.detector = detector
+        self.reference_store = reference_store
+        self._detector_task: asyncio.Task[None] | None = None
+
+    @property
+    def processor(self) -> OnlineEvaluator:
+        return self.evaluator
+
+    def start(self) -> None:
+        """Start workers and background loops (needs a running event loop)."""
+        self.evaluator.start()
+        if self.reference_store is not None:
+            self.reference_store.start()
+        if self.detector is not None and self.detector.config.rules:
+            self._detector_task = asyncio.create_task(self.detector.run(), name="ragtrace-alerts")
+
+    async def aclose(self) -> None:
+        """After the pipeline drained: stop the loops, send the last alert states."""
+        if self._detector_task is not None:
+            self._detector_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._detector_task
+        if self.detector is not None:
+            await self.detector.aclose()
+        if self.reference_store is not None:
+            await self.reference_store.aclose()
+
+
+def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStage:
+    """The evaluation stage ``config`` describes.  Raises ``ValueError`` with a clear
+    message for settings that only fail when built (e.g. a missing API key variable,
+    a broken reference file)."""
+    log = get_logger("evaluation")
+    listeners: list[Any] = []
+    on_call_hooks: list[Any] = []
+
+    def on_call(record: JudgeCallRecord) -> None:
+        for hook in on_call_hooks:
+            hook(record)
+
+    judge = make_judge(config.judge, on_call=on_call)
+    names = list(config.metrics) if config.metrics is not None else list(OFFLINE_METRICS)
+    metrics = build_metrics(names, config.metrics or {}, defaults=config.evaluation.metric_defaults)
+    reference_store = (
+        ReferenceStore(config.reference_store) if config.reference_store is not None else None
+    )
+    window = max((m.options.window_size for m in metrics if m.kind == "conversation"), default=10)
+    session_store = create_session_store(config.session_store, window_size=window)
+    detector: DropDetector | None = None
+    if config.alerts.enabled and config.alerts.rules:
+        detector = DropDetector.from_config(config.alerts, telemetry=telemetry)
+        active = detector
+
+        def feed(service: str, metric: str, result: MetricResult, trace_id: str) -> None:
+            active.observe(service, metric, result.score, trace_id)
+
+        listeners.append(feed)
+    evaluator = OnlineEvaluator(
+        config.evaluation,
+        metrics=metrics,
+        judge=judge,
+        sampler=Sampler(config.sampling, telemetry=telemetry),
+        session_store=session_store,
+        enrichment=config.enrichment,
+        telemetry=telemetry,
+        reference_lookup=reference_store.lookup if reference_store is not None else None,
+        listeners=listeners,
+    )
+    on_call_hooks.append(evaluator.judge_listener())
+    log.info(
+        "evaluation_configured",
+        judge=judge.model,
+        heuristic=judge.heuristic,
+        metrics=[m.name for m in metrics],
+        sample_rate=config.sampling.rate,
+        alert_rules=[r.name for r in config.alerts.rules] if detector else [],
+        reference_store=str(config.reference_store.path) if config.reference_store else None,
+        session_store=config.session_store.backend,
+    )
+    return EvaluationStage(evaluator, detector=detector, reference_store=reference_store)
