@@ -172,8 +172,8 @@ class StrictModel(BaseModel):
 class ServerTLSConfig(StrictModel):
     """TLS for a receiver: a certificate chain and its private key (PEM files)."""
 
-    cert_file: Path
-    key_file: Path
+    cert_file: Path = Field(description="PEM file of the server certificate (chain).")
+    key_file: Path = Field(description="PEM file of the certificate's private key.")
     #: When set, clients must present a certificate signed by this CA (mTLS).
     client_ca_file: Path | None = None
 
@@ -187,7 +187,9 @@ class ClientTLSConfig(StrictModel):
     ca_file: Path | None = None
     #: Client certificate and key, for backends that want mTLS.
     cert_file: Path | None = None
-    key_file: Path | None = None
+    key_file: Path | None = Field(
+        None, description="Private key of the client certificate (set with cert_file)."
+    )
     #: Skip certificate verification (HTTP exporter only; for tests, never production).
     insecure_skip_verify: bool = False
 
@@ -216,9 +218,13 @@ class AuthConfig(StrictModel):
 
 
 class GrpcReceiverConfig(StrictModel):
-    enabled: bool = True
-    endpoint: Annotated[str, BeforeValidator(str)] = "127.0.0.1:4317"
-    tls: ServerTLSConfig | None = None
+    enabled: bool = Field(True, description="Serve OTLP/gRPC.")
+    endpoint: Annotated[str, BeforeValidator(str)] = Field(
+        "127.0.0.1:4317", description="host:port to listen on (`0.0.0.0:4317` in a container)."
+    )
+    tls: ServerTLSConfig | None = Field(
+        None, description="Serve TLS with this certificate; unset: plaintext."
+    )
     #: Largest accepted request message (after decompression).
     max_request_bytes: ByteSize = 16 * 1024 * 1024
 
@@ -226,9 +232,13 @@ class GrpcReceiverConfig(StrictModel):
 
 
 class HttpReceiverConfig(StrictModel):
-    enabled: bool = True
-    endpoint: Annotated[str, BeforeValidator(str)] = "127.0.0.1:4318"
-    tls: ServerTLSConfig | None = None
+    enabled: bool = Field(True, description="Serve OTLP/HTTP (`POST /v1/traces`).")
+    endpoint: Annotated[str, BeforeValidator(str)] = Field(
+        "127.0.0.1:4318", description="host:port to listen on (`0.0.0.0:4318` in a container)."
+    )
+    tls: ServerTLSConfig | None = Field(
+        None, description="Serve TLS with this certificate; unset: plaintext."
+    )
     #: Largest accepted body, both as sent and after gzip decompression (else 413).
     max_request_bytes: ByteSize = 16 * 1024 * 1024
 
@@ -236,9 +246,16 @@ class HttpReceiverConfig(StrictModel):
 
 
 class ReceiversConfig(StrictModel):
-    grpc: GrpcReceiverConfig = Field(default_factory=GrpcReceiverConfig)
-    http: HttpReceiverConfig = Field(default_factory=HttpReceiverConfig)
-    auth: AuthConfig = Field(default_factory=AuthConfig)
+    grpc: GrpcReceiverConfig = Field(
+        default_factory=GrpcReceiverConfig, description="The OTLP/gRPC receiver."
+    )
+    http: HttpReceiverConfig = Field(
+        default_factory=HttpReceiverConfig,
+        description="The OTLP/HTTP receiver: protobuf or JSON bodies, optionally gzip.",
+    )
+    auth: AuthConfig = Field(
+        default_factory=AuthConfig, description="Bearer-token authentication (both receivers)."
+    )
     #: Delay suggested to throttled clients (HTTP Retry-After, gRPC RetryInfo).
     retry_after: Duration = 1.0
 
@@ -268,9 +285,11 @@ class AssemblyConfig(StrictModel):
 class RetryConfig(StrictModel):
     """Exponential backoff with jitter, for retryable export failures."""
 
-    initial_interval: Duration = 0.5
-    max_interval: Duration = 10.0
-    multiplier: float = Field(default=2.0, ge=1.0)
+    initial_interval: Duration = Field(0.5, description="Delay before the first retry.")
+    max_interval: Duration = Field(10.0, description="Longest delay between two attempts.")
+    multiplier: float = Field(
+        default=2.0, ge=1.0, description="Each delay is the previous one times this."
+    )
     #: Each delay is multiplied by a random factor in [1 - jitter, 1 + jitter].
     jitter: float = Field(default=0.2, ge=0.0, le=1.0)
     #: Give up on a batch after this long (counted as dropped).  None: retry until
@@ -281,15 +300,20 @@ class RetryConfig(StrictModel):
 class QueueConfig(StrictModel):
     """An exporter's bounded queue (spans waiting plus spans in flight)."""
 
-    max_spans: int = Field(default=50_000, ge=1)
+    max_spans: int = Field(default=50_000, ge=1, description="Spans queued or in flight.")
     #: backpressure: receivers refuse new spans while the queue is full (nothing is
     #: lost; clients retry).  drop_oldest: the oldest queued spans are dropped, counted.
     on_full: Literal["backpressure", "drop_oldest"] = "backpressure"
 
 
 class _ExporterBase(StrictModel):
-    queue: QueueConfig = Field(default_factory=QueueConfig)
-    retry: RetryConfig = Field(default_factory=RetryConfig)
+    queue: QueueConfig = Field(
+        default_factory=QueueConfig, description="The bounded queue in front of the exporter."
+    )
+    retry: RetryConfig = Field(
+        default_factory=RetryConfig,
+        description="Backoff for retryable failures (unreachable backend, 429, 5xx).",
+    )
     #: Spans per export request (a trace is never split across requests).
     max_batch_spans: int = Field(default=2048, ge=1)
     #: Export requests in flight at once.
@@ -302,9 +326,16 @@ class OtlpHttpExporterConfig(_ExporterBase):
     type: Literal["otlp_http"]
     #: Base URL (``/v1/traces`` is appended) or the full URL of the traces endpoint.
     endpoint: str
-    headers: dict[str, str] = Field(default_factory=dict)
-    compression: Literal["gzip", "none"] = "gzip"
-    tls: ClientTLSConfig = Field(default_factory=ClientTLSConfig)
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Headers sent with every export (e.g. an API key); never logged.",
+    )
+    compression: Literal["gzip", "none"] = Field(
+        "gzip", description="Compression of the request bodies."
+    )
+    tls: ClientTLSConfig = Field(
+        default_factory=ClientTLSConfig, description="TLS options for an https:// endpoint."
+    )
 
     @field_validator("endpoint")
     @classmethod
@@ -325,9 +356,18 @@ class OtlpGrpcExporterConfig(_ExporterBase):
     type: Literal["otlp_grpc"]
     #: ``host:port``, ``http://host:port`` (plaintext) or ``https://host:port`` (TLS).
     endpoint: str
-    headers: dict[str, str] = Field(default_factory=dict)
-    compression: Literal["gzip", "none"] = "gzip"
-    tls: ClientTLSConfig = Field(default_factory=ClientTLSConfig)
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="gRPC metadata sent with every export (keys lower-cased); never logged.",
+    )
+    compression: Literal["gzip", "none"] = Field(
+        "gzip", description="Compression of the export messages."
+    )
+    tls: ClientTLSConfig = Field(
+        default_factory=ClientTLSConfig,
+        description="TLS options; a bare host:port uses TLS when a CA or client "
+        "certificate is set.",
+    )
     #: Force plaintext even for a bare host:port (the default) — or TLS with false.
     insecure: bool | None = None
 
@@ -370,7 +410,7 @@ class FileExporterConfig(_ExporterBase):
     """OTLP/JSON lines, one ExportTraceServiceRequest per line, size-based rotation."""
 
     type: Literal["file"]
-    path: Path
+    path: Path = Field(description="File the OTLP/JSON lines are appended to.")
     #: Rotate when the file would grow past this size.
     max_bytes: ByteSize = 100 * 1024 * 1024
     #: Rotated files kept (path.1 ... path.N); older ones are deleted.
@@ -391,15 +431,21 @@ def _default_exporters() -> dict[str, ExporterConfig]:
 class AdminConfig(StrictModel):
     """The admin HTTP port: /metrics, /healthz, /readyz."""
 
-    enabled: bool = True
-    endpoint: Annotated[str, BeforeValidator(str)] = "127.0.0.1:8888"
+    enabled: bool = Field(True, description="Serve the admin port.")
+    endpoint: Annotated[str, BeforeValidator(str)] = Field(
+        "127.0.0.1:8888", description="host:port to listen on (`0.0.0.0:8888` in a container)."
+    )
 
     _endpoint = field_validator("endpoint")(_check_listen_endpoint)
 
 
 class LoggingConfig(StrictModel):
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    format: Literal["json", "console"] = "json"
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Lowest level written."
+    )
+    format: Literal["json", "console"] = Field(
+        "json", description="`json`: one JSON object per line; `console`: for humans."
+    )
 
 
 class ShutdownConfig(StrictModel):
@@ -437,24 +483,62 @@ class EvaluationConfig(StrictModel):
 class CollectorConfig(StrictModel):
     """The root of ``collector.yaml``."""
 
-    receivers: ReceiversConfig = Field(default_factory=ReceiversConfig)
-    assembly: AssemblyConfig = Field(default_factory=AssemblyConfig)
-    exporters: dict[str, ExporterConfig] = Field(default_factory=_default_exporters)
+    receivers: ReceiversConfig = Field(
+        default_factory=ReceiversConfig,
+        description="Where spans come in: OTLP/gRPC and OTLP/HTTP, optional auth and TLS.",
+    )
+    assembly: AssemblyConfig = Field(
+        default_factory=AssemblyConfig,
+        description="Grouping spans into traces: when a trace is ready, memory bounds.",
+    )
+    exporters: dict[str, ExporterConfig] = Field(
+        default_factory=_default_exporters,
+        description="Where spans go, evaluated or not: exporters under names you choose, "
+        "each of the kind set by its `type`.  At least one.",
+    )
     #: The judge answering the LLM metrics: ``offline`` or a litellm model string.
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     #: Metric name (METRICS.md) -> options.  Default: every metric the offline judge
     #: serves (see ``ragtrace_collector.metrics.OFFLINE_METRICS``).
     metrics: dict[str, MetricOptions] | None = None
-    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    evaluation: EvaluationConfig = Field(
+        default_factory=EvaluationConfig,
+        description="Evaluation workers, queue and deadlines; `enabled: false` makes the "
+        "collector a plain OTLP pass-through.",
+    )
+    sampling: SamplingConfig = Field(
+        default_factory=SamplingConfig,
+        description="Which traces are evaluated: a consistent hash of the trace id (the "
+        "session id for conversations) against a rate, rules and budgets.",
+    )
     #: Ground truth from a JSONL or YAML file, matched on the request input.
     reference_store: ReferenceStoreConfig | None = None
-    session_store: SessionStoreConfig = Field(default_factory=SessionStoreConfig)
-    enrichment: EnrichmentConfig = Field(default_factory=EnrichmentConfig)
-    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
-    admin: AdminConfig = Field(default_factory=AdminConfig)
-    logging: LoggingConfig = Field(default_factory=LoggingConfig)
-    shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig)
+    session_store: SessionStoreConfig = Field(
+        default_factory=SessionStoreConfig,
+        description="Earlier turns of each conversation, for the turn metrics: in memory "
+        "(one process) or in Redis (several replicas).",
+    )
+    enrichment: EnrichmentConfig = Field(
+        default_factory=EnrichmentConfig,
+        description="How results are written onto spans (flat keys, OpenInference, "
+        "GenAI events) and on which span.",
+    )
+    alerts: AlertsConfig = Field(
+        default_factory=AlertsConfig,
+        description="The built-in drop detector: rules and notifiers.  May also be a "
+        "bare list of rules.",
+    )
+    admin: AdminConfig = Field(
+        default_factory=AdminConfig,
+        description="The admin HTTP port: `/metrics` (Prometheus), `/healthz`, `/readyz`.",
+    )
+    logging: LoggingConfig = Field(
+        default_factory=LoggingConfig, description="The collector's structlog output."
+    )
+    shutdown: ShutdownConfig = Field(
+        default_factory=ShutdownConfig,
+        description="Deadlines of the graceful shutdown on SIGTERM or SIGINT.",
+    )
 
     @field_validator("metrics")
     @classmethod

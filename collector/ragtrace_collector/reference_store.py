@@ -116,16 +116,24 @@ class ReferenceStoreConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: Path
+    path: Path = Field(description="The JSONL or YAML file of references.")
     #: ``auto``: by suffix (.jsonl/.ndjson -> jsonl, .yaml/.yml -> yaml).
     format: Literal["auto", "jsonl", "yaml"] = "auto"
-    match: Literal["exact", "fuzzy"] = "exact"
+    match: Literal["exact", "fuzzy"] = Field(
+        "exact",
+        description="`exact`: same input after normalising case, Unicode and whitespace; "
+        "`fuzzy`: exact first, else the closest input scoring at least `fuzzy_ratio`.",
+    )
     #: Minimum similarity in [0, 1] for a fuzzy match (rapidfuzz score / 100).
     fuzzy_ratio: float = Field(default=0.9, ge=0.0, le=1.0)
-    fuzzy_scorer: Scorer = "token_sort_ratio"
+    fuzzy_scorer: Scorer = Field(
+        "token_sort_ratio", description="The rapidfuzz scorer of fuzzy matching."
+    )
     #: Seconds between checks of the file; 0 turns polling off.
     reload_interval: float = Field(default=5.0, ge=0.0)
-    cache_size: int = Field(default=10_000, ge=0)
+    cache_size: int = Field(
+        default=10_000, ge=0, description="Lookups (misses too) cached per input text."
+    )
 
 
 class ReferenceEntry(BaseModel):

@@ -155,9 +155,13 @@ class SamplingRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1)
-    match: RuleMatch = Field(default_factory=RuleMatch)
-    rate: float = Field(ge=0.0, le=1.0)
+    name: str = Field(min_length=1, description="Unique rule name (shown in decisions).")
+    match: RuleMatch = Field(
+        default_factory=RuleMatch,
+        description="Conditions on the trace's attributes, all of which must hold; "
+        "empty: every trace.",
+    )
+    rate: float = Field(ge=0.0, le=1.0, description="Share of the matching traces evaluated.")
 
 
 def _default_rules() -> list[SamplingRule]:
@@ -195,8 +199,17 @@ class SamplingConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rate: float = Field(default=0.1, ge=0.0, le=1.0)
-    rules: list[SamplingRule] = Field(default_factory=_default_rules)
+    rate: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description="Share of traces evaluated when no rule matches (`1`: all of them).",
+    )
+    rules: list[SamplingRule] = Field(
+        default_factory=_default_rules,
+        description="Tried in order; the first rule that matches sets the rate.  Giving a "
+        "list replaces the default one: keep the ground_truth rule.",
+    )
     #: None: unlimited.  Admissions counted over a sliding 60 s window.
     max_evaluations_per_minute: int | None = Field(default=None, ge=0)
     #: None: unlimited.  Spend reported by ``record_cost`` over a sliding hour.

@@ -100,7 +100,10 @@ class SessionStoreConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["memory", "redis"] = "memory"
+    backend: Literal["memory", "redis"] = Field(
+        "memory",
+        description="`memory`: in this process; `redis`: shared by every replica.",
+    )
     #: redis://, rediss:// or unix:// URL (``redis`` backend only).
     url: str = "redis://127.0.0.1:6379/0"
     #: Seconds a session may stay idle (unwritten) before it expires.  A day: long
@@ -110,7 +113,9 @@ class SessionStoreConfig(BaseModel):
     max_sessions: int = Field(default=10_000, ge=1)
     #: Turns kept per session; None: twice the metric window (``window_size``).
     max_turns: int | None = Field(default=None, ge=1)
-    key_prefix: str = "ragtrace:session:"
+    key_prefix: str = Field(
+        "ragtrace:session:", description="`redis` backend only: prefix of every key."
+    )
     #: ``redis`` backend only: connect and command timeout, seconds.
     socket_timeout: float = Field(default=5.0, gt=0.0)
 

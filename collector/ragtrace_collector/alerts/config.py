@@ -113,7 +113,7 @@ class FixedBaseline(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["fixed"] = "fixed"
-    value: float = Field(allow_inf_nan=False)
+    value: float = Field(allow_inf_nan=False, description="The expected mean score.")
 
 
 class TrailingBaseline(BaseModel):
@@ -126,7 +126,9 @@ class TrailingBaseline(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["trailing"] = "trailing"
-    window: Duration = Field(gt=0)
+    window: Duration = Field(
+        gt=0, description="Length of the baseline window, ending where the window starts."
+    )
     #: Scored results the baseline needs before the rule can fire (default: the
     #: rule's ``min_samples``).
     min_samples: int | None = Field(default=None, ge=2)
@@ -141,8 +143,13 @@ class Drop(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["absolute", "relative"] = "absolute"
-    value: float = Field(ge=0, allow_inf_nan=False)
+    kind: Literal["absolute", "relative"] = Field(
+        "absolute",
+        description="`absolute`: in score points; `relative`: a fraction of the baseline.",
+    )
+    value: float = Field(
+        ge=0, allow_inf_nan=False, description="The drop (0.1 = 10 points, or 10%)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Drop:
@@ -212,19 +219,36 @@ class DropRule(BaseModel):
 
     #: Unique rule name (default: ``<metric>_drop`` or ``<metric>_drop_<service>``).
     name: str = Field(min_length=1)
-    metric: str = Field(min_length=1)
-    service: str | None = None
-    window: Duration = Field(default=900.0, gt=0)
+    metric: str = Field(min_length=1, description="The metric watched (a name of METRICS.md).")
+    service: str | None = Field(
+        None, description="Watch this service only; unset: each service separately."
+    )
+    window: Duration = Field(
+        default=900.0, gt=0, description="The current window whose mean is tested."
+    )
     baseline: Annotated[
         FixedBaseline | TrailingBaseline,
         Field(discriminator="kind"),
         BeforeValidator(_baseline_input),
-    ] = Field(default_factory=lambda: TrailingBaseline(window=86400.0))
-    drop: Annotated[Drop, BeforeValidator(_drop_input)] = Field(
-        default_factory=lambda: Drop(kind="absolute", value=0.1)
+    ] = Field(
+        default_factory=lambda: TrailingBaseline(window=86400.0),
+        description="What the window is compared with: a number (a fixed expected score) "
+        "or a duration (a trailing window before the current one), or a mapping.",
     )
-    min_samples: int = Field(default=30, ge=2)
-    for_: Duration = Field(default=300.0, alias="for", ge=0)
+    drop: Annotated[Drop, BeforeValidator(_drop_input)] = Field(
+        default_factory=lambda: Drop(kind="absolute", value=0.1),
+        description='The drop that counts: `0.1` (score points) or `"10%"` (relative), '
+        "or a mapping.",
+    )
+    min_samples: int = Field(
+        default=30, ge=2, description="Scored results the window needs before it can fire."
+    )
+    for_: Duration = Field(
+        default=300.0,
+        alias="for",
+        ge=0,
+        description="How long the drop must hold before the alert fires.",
+    )
     #: In the units of ``drop`` (score points, or a fraction of the baseline for a
     #: relative drop).  Default: half the drop.
     hysteresis: float | None = None
@@ -289,8 +313,10 @@ class DropRule(BaseModel):
 class _Retrying(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    url: str = Field(min_length=1)
-    headers: dict[str, str] = Field(default_factory=dict)
+    url: str = Field(min_length=1, description="http(s) URL to post to.")
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="Extra request headers (e.g. authorization)."
+    )
     #: Per-request timeout.
     timeout: Duration = Field(default=5.0, gt=0)
     #: Attempts per notification (1 = no retry).  Retried: connection errors,
@@ -298,7 +324,7 @@ class _Retrying(BaseModel):
     max_attempts: int = Field(default=4, ge=1, le=20)
     #: Backoff before retry k (k = 1, 2, ...): ``backoff * 2**(k-1)``, at most ``max_backoff``.
     backoff: Duration = Field(default=0.5, ge=0)
-    max_backoff: Duration = Field(default=10.0, ge=0)
+    max_backoff: Duration = Field(default=10.0, ge=0, description="Longest backoff.")
 
     @field_validator("url")
     @classmethod
@@ -311,13 +337,13 @@ class _Retrying(BaseModel):
 class WebhookConfig(_Retrying):
     """A generic webhook: one JSON POST per firing and per resolved alert."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="false: keep the settings, send nothing.")
 
 
 class AlertmanagerConfig(_Retrying):
     """The Alertmanager v2 API (``POST <url>/api/v2/alerts``)."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="false: keep the settings, send nothing.")
     #: While firing, re-send this often so Alertmanager does not auto-resolve; each
     #: firing post sets ``endsAt`` to four intervals ahead, so if the collector goes
     #: away the alert resolves by itself.
@@ -336,7 +362,7 @@ class LogNotifierConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="Log firing and resolved alerts.")
 
 
 class AlertsConfig(BaseModel):
@@ -344,8 +370,10 @@ class AlertsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = True
-    rules: list[DropRule] = Field(default_factory=list)
+    enabled: bool = Field(True, description="false: no rule is evaluated.")
+    rules: list[DropRule] = Field(
+        default_factory=list, description="Drop rules; none: the detector is off."
+    )
     #: How often the detector evaluates its rules (the ``run`` loop's period).
     evaluation_interval: Duration = Field(default=30.0, gt=0)
     #: Services tracked per rule; results of further services are ignored (and logged
@@ -353,9 +381,15 @@ class AlertsConfig(BaseModel):
     max_services_per_rule: int = Field(default=200, ge=1)
     #: Example trace ids (the lowest-scoring in the window) sent with an alert.
     example_trace_ids: int = Field(default=5, ge=0, le=50)
-    webhook: WebhookConfig | None = None
-    alertmanager: AlertmanagerConfig | None = None
-    log: LogNotifierConfig = Field(default_factory=LogNotifierConfig)
+    webhook: WebhookConfig | None = Field(
+        None, description="POST every firing and resolved alert as JSON to a URL."
+    )
+    alertmanager: AlertmanagerConfig | None = Field(
+        None, description="Send alerts to Alertmanager's v2 API."
+    )
+    log: LogNotifierConfig = Field(
+        default_factory=LogNotifierConfig, description="Log every firing and resolved alert."
+    )
 
     @model_validator(mode="before")
     @classmethod

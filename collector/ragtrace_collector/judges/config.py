@@ -38,24 +38,38 @@ class JudgeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: "offline" or a litellm model string.
-    model: str = "offline"
-    #: Base URL of an OpenAI-compatible (or other provider) endpoint.
-    api_base: str | None = None
-    #: Name of the environment variable holding the API key (not the key itself).
-    api_key_env: str | None = None
+    model: str = Field(
+        "offline",
+        description="`offline` (the lexical judge: no network, scores labelled heuristic) "
+        "or a litellm model string such as `openai/gpt-4o-mini`.  Unset: "
+        "`RAGTRACE_JUDGE_MODEL`.",
+    )
+    api_base: str | None = Field(
+        None,
+        description="Base URL of an OpenAI-compatible (or other provider) endpoint.  "
+        "Unset: `RAGTRACE_JUDGE_API_BASE`.",
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="Name of the environment variable holding the API key (not the key "
+        "itself); unset, litellm reads the provider's usual variable (`OPENAI_API_KEY`...).",
+    )
     #: Per-call timeout, seconds.
     timeout_s: float = Field(default=60.0, gt=0)
     #: Retries on 429, 5xx and connection errors (0 = a single attempt).
     max_retries: int = Field(default=3, ge=0, le=20)
     #: Exponential backoff: base * 2**attempt, capped at max, with full jitter.
     backoff_base_s: float = Field(default=0.5, ge=0)
-    backoff_max_s: float = Field(default=30.0, ge=0)
+    backoff_max_s: float = Field(
+        default=30.0, ge=0, description="Longest backoff delay before a retry, seconds."
+    )
     #: Maximum judge calls in flight for one judge instance.
     concurrency: int = Field(default=8, ge=1, le=1024)
     #: Entries of the in-process answer cache (0 disables it).
     cache_size: int = Field(default=4096, ge=0)
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    temperature: float = Field(
+        default=0.0, ge=0.0, le=2.0, description="Sampling temperature of the judge model."
+    )
     #: Ask for ``response_format={"type": "json_object"}`` when the model supports it.
     json_mode: bool = True
     #: Extra keyword arguments passed through to ``litellm.acompletion``.

@@ -58,7 +58,7 @@ class MetricOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="false: this metric is not run.")
     #: ``passed = score >= threshold``.  For the non_llm_* metrics it is also the
     #: similarity cut-off unless ``similarity_threshold`` is set.
     threshold: float = Field(0.5, ge=0.0, le=1.0)

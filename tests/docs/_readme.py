@@ -1,0 +1,101 @@
+"""Reading README.md: fenced code blocks (with the HTML comment marker right above
+each), sections between ``<!-- name:begin -->`` / ``<!-- name:end -->``, headings and
+links."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+_FENCE = re.compile(r"^(?P<indent> *)```(?P<info>[^`\n]*)$")
+_MARKER = re.compile(r"^\s*<!--\s*(?P<marker>[^>]*?)\s*-->\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block of the README."""
+
+    lang: str
+    body: str
+    #: The text of an HTML comment on the line right above the fence, else "".
+    marker: str
+    #: 1-based line of the opening fence.
+    line: int
+
+    def where(self) -> str:
+        return f"README.md:{self.line} ({self.lang or 'no language'}, {self.marker or 'unmarked'})"
+
+
+def readme_text() -> str:
+    return README.read_text(encoding="utf-8")
+
+
+def code_blocks(text: str) -> list[Block]:
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if m is None:
+            i += 1
+            continue
+        indent = len(m.group("indent"))
+        start = i
+        i += 1
+        body: list[str] = []
+        while i < len(lines) and lines[i].strip() != "```":
+            body.append(lines[i][indent:] if lines[i][:indent].strip() == "" else lines[i])
+            i += 1
+        if i >= len(lines):
+            raise AssertionError(f"README.md:{start + 1}: unclosed code fence")
+        marker_match = _MARKER.match(lines[start - 1]) if start > 0 else None
+        blocks.append(
+            Block(
+                lang=m.group("info").strip(),
+                body="\n".join(body) + "\n",
+                marker=marker_match.group("marker") if marker_match else "",
+                line=start + 1,
+            )
+        )
+        i += 1
+    return blocks
+
+
+def marked(text: str, marker: str) -> Block:
+    found = [b for b in code_blocks(text) if b.marker == marker]
+    assert len(found) == 1, f"expected one code block marked <!-- {marker} -->, found {len(found)}"
+    return found[0]
+
+
+def between(text: str, name: str) -> str:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    assert text.count(begin) == 1, f"marker {begin} missing or repeated"
+    assert text.count(end) == 1, f"marker {end} missing or repeated"
+    start = text.index(begin) + len(begin)
+    stop = text.index(end)
+    assert start <= stop, f"{end} comes before {begin}"
+    return text[start:stop]
+
+
+def outside_code(text: str) -> str:
+    """The README without its fenced code blocks (for headings and links)."""
+    out: list[str] = []
+    in_code = False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            in_code = not in_code
+            continue
+        if not in_code:
+            out.append(line)
+    return "\n".join(out)
+
+
+def github_anchor(heading: str) -> str:
+    """The id GitHub gives a heading: lower-case, punctuation dropped, spaces -> '-'."""
+    text = re.sub(r"`", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
