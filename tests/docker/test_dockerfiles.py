@@ -154,7 +154,7 @@ def test_uv_sync_commands_resolve_against_the_lock(
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    planned = set(re.findall(r"^ \+ ([A-Za-z0-9_.-]+)==", output, re.MULTILINE))
+    planned = set(re.findall(r"^ \+ ([A-Za-z0-9_.-]+)(?:==| @ )", output, re.MULTILINE))
     for name in present:
         assert name in planned, f"{dockerfile.name} would not install {name}"
     for name in absent:
