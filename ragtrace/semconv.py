@@ -43,6 +43,10 @@ OPENINFERENCE_KIND_FOR: Final[dict[str, str]] = {
     KIND_GENERATOR: OI_KIND_LLM,
 }
 
+# -------------------------------------------------------------------- resource
+#: OpenInference resource attribute: the Phoenix project that a service's spans go to.
+OPENINFERENCE_PROJECT_NAME: Final = "openinference.project.name"
+
 # --------------------------------------------------------------- input / output
 INPUT_VALUE: Final = "input.value"
 INPUT_MIME_TYPE: Final = "input.mime_type"

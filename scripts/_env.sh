@@ -1,5 +1,6 @@
 # Shared setup for scripts/test.sh and scripts/demo.sh.  Source it; do not run it.
-# Creates (or reuses) the project venv from uv.lock, with hashes checked.
+# Creates (or reuses) the project venv from uv.lock, with hashes checked (ensure_venv),
+# and the Arize Phoenix venv (ensure_phoenix).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,7 +18,9 @@ _python() {
   for candidate in python3.13 python3.12 python3.11 python3; do
     if command -v "$candidate" >/dev/null 2>&1 &&
        "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
-      command -v "$candidate"; return 0
+      # The real interpreter, not a pyenv shim or a venv's symlink: uv compares this path
+      # with the base interpreter of .venv, and on a mismatch rebuilds the whole venv.
+      "$candidate" -c 'import os, sys; print(os.path.realpath(sys.executable))'; return 0
     fi
   done
   _log "Python >= 3.11 is required and was not found on PATH"; return 1
@@ -41,4 +44,23 @@ ensure_venv() {
   "$UV" sync --frozen --all-packages --python "$(_python)" --quiet
   export VIRTUAL_ENV="$ROOT/.venv"
   export PATH="$ROOT/.venv/bin:$PATH"
+}
+
+ensure_phoenix() {
+  # Arize Phoenix (a tracing UI: the tests and `demo.sh --phoenix` export to it) lives in
+  # its own venv, pinned with hashes in tools/phoenix.lock.txt; reinstalled only when the
+  # lock file changes.  Needs no root.
+  ensure_uv
+  local phx="$ROOT/.venv-phoenix"
+  local stamp="$phx/.lock-sha"
+  local want
+  want="$(sha256sum "$ROOT/tools/phoenix.lock.txt" | cut -d' ' -f1)"
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    _log "installing Arize Phoenix into .venv-phoenix"
+    rm -rf "$phx"
+    "$UV" venv --quiet --python "$(_python)" "$phx"
+    VIRTUAL_ENV="$phx" "$UV" pip install --quiet --require-hashes -r "$ROOT/tools/phoenix.lock.txt"
+    echo "$want" > "$stamp"
+  fi
+  export RAGTRACE_PHOENIX_PYTHON="$phx/bin/python"
 }

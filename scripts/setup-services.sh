@@ -28,13 +28,4 @@ if [ "${#need[@]}" -gt 0 ]; then
   done
 fi
 
-PHX="$ROOT/.venv-phoenix"
-stamp="$PHX/.lock-sha"
-want="$(sha256sum "$ROOT/tools/phoenix.lock.txt" | cut -d' ' -f1)"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  _log "installing Arize Phoenix into .venv-phoenix"
-  rm -rf "$PHX"
-  "$UV" venv --quiet --python "$(_python)" "$PHX"
-  VIRTUAL_ENV="$PHX" "$UV" pip install --quiet --require-hashes -r "$ROOT/tools/phoenix.lock.txt"
-  echo "$want" > "$stamp"
-fi
+ensure_phoenix

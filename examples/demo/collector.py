@@ -1,0 +1,251 @@
+"""The collector the demo runs: its config file, its process, and its /metrics.
+
+The collector is a real ``ragtrace-collector serve --config FILE`` subprocess.  Its
+receivers and admin port bind port 0 on 127.0.0.1; the demo reads the ports the
+collector actually bound from its JSON log (``receiver_listening`` and
+``admin_listening`` events), so two demos, or a demo and the tests, never collide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from examples.demo.plan import ALERT_METRICS, DemoPlan
+from examples.demo.processes import ChildProcess, tail
+from ragtrace_collector.metrics import OFFLINE_METRICS
+
+__all__ = [
+    "CollectorError",
+    "CollectorProcess",
+    "ScoreTotals",
+    "collector_config",
+    "write_collector_config",
+]
+
+_READY_TIMEOUT = 90.0
+_HEADER = """\
+# Written by the ragtrace demo (python -m examples.demo); rewritten on every run.
+# The collector receives the support bot's spans over OTLP/HTTP, scores every trace
+# with the offline judge (no network, no model: scores are lexical heuristics), writes
+# the scores onto the spans, exports them to {exporters}, and runs the drop detector
+# with short demo windows.  The same collector runs outside the demo with
+#   ragtrace-collector serve --config {path}
+# (its webhook receiver, though, lives only as long as the demo).
+"""
+
+
+class CollectorError(RuntimeError):
+    """The collector could not start, or stopped unexpectedly."""
+
+
+def collector_config(
+    plan: DemoPlan,
+    *,
+    spans_path: Path,
+    webhook_url: str,
+    phoenix_otlp_url: str | None = None,
+) -> dict[str, Any]:
+    """The demo's collector config, as data (``collector.yaml`` syntax)."""
+    exporters: dict[str, Any] = {
+        "file": {"type": "file", "path": str(spans_path), "max_bytes": "1GiB"},
+    }
+    if phoenix_otlp_url is not None:
+        exporters["phoenix"] = {
+            "type": "otlp_http",
+            "endpoint": phoenix_otlp_url,
+            "retry": {"initial_interval": "200ms", "max_interval": "2s"},
+        }
+    return {
+        "receivers": {
+            "grpc": {"enabled": False},
+            "http": {"endpoint": "127.0.0.1:0"},
+        },
+        "admin": {"endpoint": "127.0.0.1:0"},
+        # Ready 300 ms after a trace's last span: quick enough to watch live.
+        "assembly": {"decision_wait": "300ms", "max_trace_wait": "10s"},
+        "judge": {"model": "offline"},
+        "metrics": {name: {} for name in OFFLINE_METRICS},
+        "sampling": {"rate": 1.0},
+        "exporters": exporters,
+        "alerts": {
+            "evaluation_interval": f"{plan.evaluation_interval:g}s",
+            "rules": [plan.rule(metric) for metric in ALERT_METRICS],
+            "webhook": {"url": webhook_url, "timeout": "5s", "max_attempts": 3},
+            "log": {"enabled": True},
+        },
+        "logging": {"level": "info", "format": "json"},
+        "shutdown": {"receiver_grace": "1s", "processor_timeout": "10s", "flush_timeout": "20s"},
+    }
+
+
+def write_collector_config(path: Path, config: dict[str, Any]) -> Path:
+    """Write ``config`` as YAML with an explanatory header; returns ``path``."""
+    exporters = " and ".join(
+        "the OTLP JSON file" if e["type"] == "file" else "Phoenix"
+        for e in config["exporters"].values()
+    )
+    text = _HEADER.format(exporters=exporters, path=path)
+    text += yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreTotals:
+    """Cumulative ``ragtrace_eval_score`` count and sum per metric, from /metrics."""
+
+    count: dict[str, float] = field(default_factory=dict)
+    total: dict[str, float] = field(default_factory=dict)
+    #: traces whose evaluation finished (``ragtrace_eval_latency_seconds_count``)
+    traces_evaluated: float = 0.0
+
+    def mean_since(self, earlier: ScoreTotals, metric: str) -> float | None:
+        """Mean of the scores recorded between ``earlier`` and this snapshot."""
+        n = self.count.get(metric, 0.0) - earlier.count.get(metric, 0.0)
+        if n <= 0:
+            return None
+        return (self.total.get(metric, 0.0) - earlier.total.get(metric, 0.0)) / n
+
+
+def _collector_program() -> str:
+    script = Path(sys.executable).parent / "ragtrace-collector"
+    if not script.exists():
+        raise CollectorError(
+            f"{script} not found: run the demo with the project venv (bash scripts/demo.sh)"
+        )
+    return str(script)
+
+
+class CollectorProcess:
+    """``ragtrace-collector serve --config FILE`` as a child process."""
+
+    def __init__(self, config_path: Path, log_path: Path) -> None:
+        self.config_path = config_path
+        self.log_path = log_path
+        self.otlp_http_url = ""
+        self.admin_url = ""
+        self._process: ChildProcess | None = None
+        self._log_offset = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def process(self) -> ChildProcess | None:
+        return self._process
+
+    async def start(self) -> None:
+        """Start it and wait until it is ready; :class:`CollectorError` if it is not."""
+        argv = [_collector_program(), "serve", "--config", str(self.config_path)]
+        self._process = ChildProcess("collector", argv, log_path=self.log_path)
+        http: str | None = None
+        admin: str | None = None
+        ready = False
+        deadline = time.monotonic() + _READY_TIMEOUT
+        while not (ready and http and admin):
+            code = self._process.returncode
+            if code is not None:
+                raise CollectorError(
+                    f"the collector exited with code {code} during startup:\n{tail(self.log_path)}"
+                )
+            if time.monotonic() > deadline:
+                raise CollectorError(
+                    f"the collector was not ready after {_READY_TIMEOUT:g}s:\n{tail(self.log_path)}"
+                )
+            for event in self._new_log_events():
+                name = event.get("event")
+                if name == "receiver_listening" and event.get("receiver") == "otlp_http":
+                    http = str(event.get("endpoint"))
+                elif name == "admin_listening":
+                    admin = str(event.get("endpoint"))
+                elif name == "collector_ready":
+                    ready = True
+            await asyncio.sleep(0.05)
+        self.otlp_http_url = f"http://{http}"
+        self.admin_url = f"http://{admin}"
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+
+    def _new_log_events(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_offset)
+                data = fh.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # only whole lines
+        self._log_offset += end
+        events = []
+        for line in data[:end].splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # not a structured line (e.g. a warning from a library)
+            if isinstance(event, dict):
+                events.append(event)
+        return events
+
+    def log_events(self, name: str) -> list[dict[str, Any]]:
+        """Every structured log line of the collector with ``event == name``."""
+        found = []
+        try:
+            lines = self.log_path.read_bytes().splitlines()
+        except OSError:
+            return []
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("event") == name:
+                found.append(event)
+        return found
+
+    async def scores(self) -> ScoreTotals | None:
+        """The collector's score histogram totals, or None if /metrics did not answer."""
+        if self._session is None:
+            return None
+        try:
+            async with self._session.get(f"{self.admin_url}/metrics") as resp:
+                if resp.status != 200:
+                    return None
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        totals = ScoreTotals()
+        evaluated = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                value = float(sample.value)
+                if not math.isfinite(value):
+                    continue
+                metric = sample.labels.get("metric", "")
+                if sample.name == "ragtrace_eval_score_count":
+                    totals.count[metric] = totals.count.get(metric, 0.0) + value
+                elif sample.name == "ragtrace_eval_score_sum":
+                    totals.total[metric] = totals.total.get(metric, 0.0) + value
+                elif sample.name == "ragtrace_eval_latency_seconds_count":
+                    evaluated += value
+        return ScoreTotals(totals.count, totals.total, evaluated)
+
+    async def stop(self, grace: float = 60.0) -> int | None:
+        """Graceful shutdown (SIGTERM; the collector flushes every span), bounded."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._process is None:
+            return None
+        return await self._process.stop(grace)

@@ -1,0 +1,275 @@
+"""What the demo shows: the introduction, the live panel, the results, the alert."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.json import JSON
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from examples.demo.collector import ScoreTotals
+from examples.demo.plan import ALERT_METRICS, FAULT_DESCRIPTIONS, DemoPlan
+from examples.demo.results import MetricSummary, SpanReport
+from examples.demo.traffic import Phase
+from examples.demo.webhook import ReceivedAlert
+from examples.support_bot import FaultMode
+from ragtrace import semconv
+from ragtrace_collector.metrics import NO_JUDGE_METRICS
+
+__all__ = [
+    "CALLER_CWD_ENV",
+    "LiveView",
+    "alert_panel",
+    "caller_cwd",
+    "intro",
+    "locations_panel",
+    "results_table",
+    "shown_path",
+]
+
+_DROP_STYLE = "bold red"
+_RISE_STYLE = "bold green"
+_FLAT_STYLE = "dim"
+_NOTABLE = 0.05
+
+
+#: The directory the user ran the demo from: ``scripts/demo.sh`` changes to the
+#: repository root before it starts Python and passes the original one here.
+CALLER_CWD_ENV = "RAGTRACE_DEMO_CALLER_CWD"
+
+
+def caller_cwd() -> Path:
+    return Path(os.environ.get(CALLER_CWD_ENV) or os.getcwd())
+
+
+def shown_path(path: Path) -> str:
+    """``path`` relative to the user's working directory when it is below it."""
+    try:
+        return str(path.resolve().relative_to(caller_cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _score(value: float | None) -> Text:
+    return Text("—", style="dim") if value is None else Text(f"{value:.3f}")
+
+
+def _delta(value: float | None) -> Text:
+    if value is None:
+        return Text("—", style="dim")
+    style = _DROP_STYLE if value <= -_NOTABLE else _RISE_STYLE if value >= _NOTABLE else _FLAT_STYLE
+    return Text(f"{value:+.3f}", style=style)
+
+
+def intro(console: Console, plan: DemoPlan, fault: FaultMode, *, phoenix: bool) -> None:
+    console.rule("[bold]ragtrace demo[/]: watching retrieval quality of a live RAG app")
+    steps = Table.grid(padding=(0, 1))
+    steps.add_column(style="bold cyan", justify="right")
+    steps.add_column()
+    steps.add_row(
+        "1",
+        "Start the [bold]ragtrace collector[/]: it receives the app's spans over OTLP, scores "
+        "every trace with the [italic]offline judge[/] (no network, no model) and writes the "
+        "scores onto the spans.",
+    )
+    steps.add_row(
+        "2",
+        f"Run the [bold]Orla support bot[/] (BM25 + reranker RAG, instrumented with ragtrace) "
+        f"with [green]healthy retrieval[/] for {plan.healthy_seconds:g} s: golden questions "
+        "that carry their ground truth, and multi-turn conversations.",
+    )
+    steps.add_row(
+        "3",
+        f"Break retrieval ([red]{fault.value}[/]: {FAULT_DESCRIPTIONS[fault]}) and keep the "
+        "traffic going until the collector's [bold]drop detector[/] fires.",
+    )
+    steps.add_row(
+        "4",
+        "Read the scores back from the enriched spans: before and after, per metric."
+        + (" The spans also go to [bold]Arize Phoenix[/]." if phoenix else ""),
+    )
+    console.print(steps)
+    console.print()
+
+
+@dataclass
+class LiveView:
+    """The live panel: phase, traffic, the collector's running scores, the alerts."""
+
+    plan: DemoPlan
+    fault: FaultMode
+    phases: list[Phase] = field(default_factory=list)
+    #: /metrics totals when each phase began (index-aligned with ``phases``)
+    snapshots: list[ScoreTotals] = field(default_factory=list)
+    latest: ScoreTotals = field(default_factory=ScoreTotals)
+    alerts: dict[str, float] = field(default_factory=dict)  # rule -> seconds after the fault
+
+    def begin(self, phase: Phase, snapshot: ScoreTotals) -> None:
+        self.phases.append(phase)
+        self.snapshots.append(snapshot)
+
+    def _phase_mean(self, index: int, metric: str) -> float | None:
+        end = self.snapshots[index + 1] if index + 1 < len(self.snapshots) else self.latest
+        return end.mean_since(self.snapshots[index], metric)
+
+    def render(self) -> RenderableType:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", min_width=12)
+        grid.add_column()
+        if self.phases:
+            phase = self.phases[-1]
+            label = (
+                "[green]healthy retrieval[/]"
+                if phase.fault is FaultMode.NONE
+                else f"[red]degraded retrieval[/] (fault [bold]{phase.fault.value}[/])"
+            )
+            elapsed = phase.elapsed()
+            if phase.fault is FaultMode.NONE:
+                bar: RenderableType = ProgressBar(
+                    total=self.plan.healthy_seconds, completed=elapsed, width=30
+                )
+                progress = Table.grid(padding=(0, 1))
+                progress.add_row(bar, Text(f"{elapsed:4.1f} / {self.plan.healthy_seconds:g} s"))
+                grid.add_row("Phase", Group(Text.from_markup(f"{len(self.phases)}/2 {label}")))
+                grid.add_row("", progress)
+            else:
+                grid.add_row(
+                    "Phase",
+                    Text.from_markup(
+                        f"{len(self.phases)}/2 {label}  {elapsed:4.1f} s "
+                        f"[dim](until the drop alerts fire, at most "
+                        f"{self.plan.degraded_max_seconds:g} s)[/]"
+                    ),
+                )
+            golden = sum(p.golden for p in self.phases)
+            conversations = sum(p.conversations for p in self.phases)
+            turns = sum(p.turns for p in self.phases)
+            grid.add_row(
+                "Requests",
+                f"{golden} golden questions · {conversations} conversations ({turns} turns)",
+            )
+        grid.add_row(
+            "Scored", f"{self.latest.traces_evaluated:.0f} traces evaluated by the collector"
+        )
+        scores = Table(box=None, padding=(0, 2), show_edge=False, header_style="dim")
+        scores.add_column("live mean (collector /metrics)")
+        scores.add_column("healthy", justify="right")
+        scores.add_column("degraded", justify="right")
+        for metric in ALERT_METRICS:
+            values = [self._phase_mean(i, metric) for i in range(len(self.snapshots))]
+            values += [None] * (2 - len(values))
+            scores.add_row(metric, _score(values[0]), _score(values[1]))
+        grid.add_row("Scores", scores)
+        lines = []
+        for metric in ALERT_METRICS:
+            rule = f"{metric}_drop"
+            if rule in self.alerts:
+                after = self.alerts[rule]
+                lines.append(f"[bold red]FIRING[/] {rule} [dim]({after:.1f} s after the fault)[/]")
+            else:
+                lines.append(f"[dim]watching[/] {rule}")
+        grid.add_row("Alerts", Text.from_markup("\n".join(lines)))
+        return Panel(grid, title="live", title_align="left", border_style="cyan")
+
+
+def results_table(report: SpanReport, fault: FaultMode) -> Table:
+    table = Table(
+        title=f"Retrieval quality before and after the fault ({fault.value})",
+        caption=f"Means of {semconv.eval_attr('<metric>', semconv.EVAL_FIELD_SCORE)} on the "
+        "enriched spans the collector wrote. Offline judge: lexical heuristics, not an LLM.",
+        header_style="bold",
+        title_style="bold",
+    )
+    table.add_column("Metric")
+    table.add_column("Judge", style="dim")
+    table.add_column("Before", justify="right")
+    table.add_column("After", justify="right")
+    table.add_column("Δ", justify="right")
+    table.add_column("Scored", justify="right", style="dim")
+    for summary in report.metrics.values():
+        table.add_row(*_metric_row(summary))
+    return table
+
+
+def _metric_row(summary: MetricSummary) -> list[RenderableType]:
+    name = Text(summary.name)
+    if summary.name in ALERT_METRICS:
+        name.append(" (alert)", style="yellow")
+    return [
+        name,
+        "no judge" if summary.name in NO_JUDGE_METRICS else "offline",
+        _score(summary.before.mean),
+        _score(summary.after.mean),
+        _delta(summary.delta),
+        f"{summary.before.count} / {summary.after.count}",
+    ]
+
+
+def alert_panel(
+    primary: ReceivedAlert | None,
+    others: Sequence[ReceivedAlert],
+    *,
+    webhook_url: str,
+    seconds_after_fault: float | None,
+    logged: dict[str, Any] | None,
+) -> RenderableType:
+    if primary is None:
+        return Panel(
+            Text("No drop alert arrived at the webhook.", style="bold red"),
+            title="alert",
+            border_style="red",
+        )
+    parts: list[RenderableType] = [
+        Text.from_markup(
+            f"[bold]{primary.payload.get('summary', primary.rule)}[/]\n"
+            f"[dim]Fired {seconds_after_fault or 0:.1f} s after the fault was switched on; "
+            f"the collector POSTed this to {webhook_url}:[/]"
+        ),
+        _folded_json(primary.payload),
+    ]
+    for alert in others:
+        parts.append(Text.from_markup(f"[bold]Also firing:[/] {alert.payload.get('summary')}"))
+    if logged is not None:
+        parts.append(
+            Text.from_markup(
+                f"[dim]The log notifier wrote it to the collector's log too "
+                f"(event {logged.get('event')}, level {logged.get('level')}).[/]"
+            )
+        )
+    return Panel(
+        Group(*parts),
+        title="[bold red]drop alert[/]",
+        title_align="left",
+        border_style="red",
+    )
+
+
+def _folded_json(data: dict[str, Any]) -> RenderableType:
+    """Pretty JSON whose long strings fold onto the next line instead of being cut."""
+    rendered = JSON(json.dumps(data)).text
+    rendered.no_wrap = False
+    rendered.overflow = "fold"
+    return rendered
+
+
+def locations_panel(rows: Sequence[tuple[str, str]], hint: str) -> RenderableType:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    for label, where in rows:
+        grid.add_row(label, where)
+    return Panel(
+        Group(grid, Text(""), Text.from_markup(hint)),
+        title="where the enriched spans are",
+        title_align="left",
+        border_style="green",
+    )

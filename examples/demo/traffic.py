@@ -1,0 +1,123 @@
+"""The support bot's traffic, paced in real time: golden questions (which carry their
+ground truth through ``ragtrace.set_reference``) and scripted conversations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from examples.support_bot import (
+    FaultMode,
+    SupportBot,
+    load_conversations,
+    load_golden,
+    run_conversations,
+    run_golden,
+)
+
+__all__ = ["Phase", "TrafficDriver"]
+
+
+@dataclass(slots=True)
+class Phase:
+    """One stretch of traffic with one fault mode."""
+
+    name: str
+    fault: FaultMode
+    #: wall clock (``time.time_ns()``) when the phase began: spans started at or after
+    #: it belong to this phase
+    started_ns: int = 0
+    started: float = 0.0  # time.monotonic()
+    ended: float | None = None
+    golden: int = 0
+    conversations: int = 0
+    turns: int = 0
+    #: ID recall of the golden answers as the app itself saw it (ground truth known)
+    app_id_recall_total: float = 0.0
+
+    @property
+    def requests(self) -> int:
+        return self.golden + self.turns
+
+    def elapsed(self) -> float:
+        end = self.ended if self.ended is not None else time.monotonic()
+        return max(0.0, end - self.started) if self.started else 0.0
+
+    @property
+    def app_id_recall(self) -> float | None:
+        return self.app_id_recall_total / self.golden if self.golden else None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "fault": self.fault.value,
+            "started_unix_nano": self.started_ns,
+            "seconds": round(self.elapsed(), 3),
+            "golden_requests": self.golden,
+            "conversations": self.conversations,
+            "conversation_turns": self.turns,
+            "app_id_recall": self.app_id_recall,
+        }
+
+
+class TrafficDriver:
+    """Sends the support bot's requests, one golden question per tick, and one
+    scripted conversation every ``conversation_every`` ticks."""
+
+    def __init__(self, bot: SupportBot, *, interval: float, conversation_every: int) -> None:
+        if interval <= 0 or conversation_every < 1:
+            raise ValueError("interval must be > 0 and conversation_every >= 1")
+        self.bot = bot
+        self.interval = interval
+        self.conversation_every = conversation_every
+        self._golden = load_golden()
+        self._conversations = load_conversations()
+        self._ticks = 0
+
+    def begin(self, phase: Phase) -> None:
+        """Switch the bot to the phase's fault mode and stamp the phase's start."""
+        self.bot.fault = phase.fault
+        phase.started_ns = time.time_ns()
+        phase.started = time.monotonic()
+
+    def tick(self, phase: Phase) -> None:
+        """One golden request, and a conversation when it is its turn."""
+        item = self._golden[self._ticks % len(self._golden)]
+        run = run_golden(self.bot, items=[item], set_reference=True)
+        phase.golden += 1
+        phase.app_id_recall_total += run.id_recall
+        if self._ticks % self.conversation_every == self.conversation_every - 1:
+            script = self._conversations[phase.conversations % len(self._conversations)]
+            (played,) = run_conversations(self.bot, conversations=[script])
+            phase.conversations += 1
+            phase.turns += len(played.answers)
+        self._ticks += 1
+
+    async def run(
+        self,
+        phase: Phase,
+        *,
+        min_seconds: float,
+        max_seconds: float,
+        done: Callable[[], bool] = lambda: True,
+        on_tick: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Tick at the driver's pace for at least ``min_seconds``, then until ``done()``,
+        at most ``max_seconds``."""
+        self.begin(phase)
+        next_at = phase.started
+        try:
+            while True:
+                elapsed = time.monotonic() - phase.started
+                if elapsed >= max_seconds or (elapsed >= min_seconds and done()):
+                    return
+                self.tick(phase)
+                on_tick()
+                next_at += self.interval
+                # A slow tick (a busy machine) does not cause a burst afterwards.
+                next_at = max(next_at, time.monotonic() - self.interval)
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        finally:
+            phase.ended = time.monotonic()
