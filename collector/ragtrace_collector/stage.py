@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
 
 from ragtrace_collector.alerts.detector import DropDetector
 from ragtrace_collector.evaluator import OnlineEvaluator
 from ragtrace_collector.judges.base import JudgeCallRecord
 from ragtrace_collector.judges.factory import make_judge
 from ragtrace_collector.logs import get_logger
-from ragtrace_collector.metrics import OFFLINE_METRICS, build_metrics
-from ragtrace_collector.reference_store import ReferenceStore
+from ragtrace_collector.metrics import OFFLINE_METRICS, MetricOptions, build_metrics
+from ragtrace_collector.reference_store import ReferenceStore, ReferenceStoreError
 from ragtrace_collector.results import MetricResult
 from ragtrace_collector.sampling import Sampler
 from ragtrace_collector.session_store import create_session_store
@@ -58,7 +62,11 @@ class EvaluationStage:
             self._detector_task = asyncio.create_task(self.detector.run(), name="ragtrace-alerts")
 
     async def aclose(self) -> None:
-        """After the pipeline drained: stop the loops, send the last alert states."""
+        """After the pipeline drained: stop the loops and close the notifiers.
+
+        Alert state is not persisted: an alert still firing in Alertmanager resolves
+        there by itself once its ``endsAt`` passes (see
+        :mod:`ragtrace_collector.alerts.detector`, "Restarts")."""
         if self._detector_task is not None:
             self._detector_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -67,6 +75,49 @@ class EvaluationStage:
             await self.detector.aclose()
         if self.reference_store is not None:
             await self.reference_store.aclose()
+
+
+def _check_metric_defaults(defaults: Mapping[str, Any]) -> None:
+    """``evaluation.metric_defaults`` holds metric options: check them on their own, so
+    that a typo names its key rather than the first metric it is applied to."""
+    try:
+        MetricOptions.model_validate(dict(defaults))
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_url=False):
+            key = ".".join(str(p) for p in error["loc"])
+            if error["type"] == "extra_forbidden":
+                close = difflib.get_close_matches(key, list(MetricOptions.model_fields), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append(f"evaluation.metric_defaults.{key}: unknown key{hint}")
+            else:
+                problems.append(f"evaluation.metric_defaults.{key}: {error['msg']}")
+        raise ValueError("; ".join(problems)) from None
+
+
+def _check_alert_rules(config: CollectorConfig, evaluated: list[str], log: Any) -> None:
+    """A rule on a metric this collector does not compute could never fire: that is a
+    configuration error, not a silent no-op.  Notifiers without rules get a warning
+    (there are no default rules)."""
+    for index, rule in enumerate(config.alerts.rules):
+        if rule.metric not in evaluated:
+            close = difflib.get_close_matches(rule.metric, evaluated, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(
+                f"alerts.rules.{index}.metric: rule {rule.name!r} watches {rule.metric!r},"
+                f" which this collector does not evaluate, so it could never fire ({hint}"
+                f"evaluated metrics: {', '.join(evaluated)})"
+            )
+    alerts = config.alerts
+    notifies = (alerts.webhook is not None and alerts.webhook.enabled) or (
+        alerts.alertmanager is not None and alerts.alertmanager.enabled
+    )
+    if notifies and not alerts.rules:
+        log.warning(
+            "alerts_without_rules",
+            detail="a webhook or Alertmanager is configured but alerts.rules is empty;"
+            " the drop detector has no default rules and will send nothing",
+        )
 
 
 def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStage:
@@ -81,15 +132,29 @@ def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStag
         for hook in on_call_hooks:
             hook(record)
 
-    judge = make_judge(config.judge, on_call=on_call)
+    try:
+        judge = make_judge(config.judge, on_call=on_call)
+    except ValueError as exc:
+        raise ValueError(f"judge: {exc}") from exc
+    _check_metric_defaults(config.evaluation.metric_defaults)
     names = list(config.metrics) if config.metrics is not None else list(OFFLINE_METRICS)
-    metrics = build_metrics(names, config.metrics or {}, defaults=config.evaluation.metric_defaults)
-    reference_store = (
-        ReferenceStore(config.reference_store) if config.reference_store is not None else None
-    )
+    try:
+        metrics = build_metrics(
+            names, config.metrics or {}, defaults=config.evaluation.metric_defaults
+        )
+    except ValueError as exc:
+        raise ValueError(f"metrics: {exc}") from exc
+    reference_store: ReferenceStore | None = None
+    if config.reference_store is not None:
+        try:
+            reference_store = ReferenceStore(config.reference_store)
+        except (ReferenceStoreError, OSError, ValueError) as exc:
+            raise ValueError(f"reference_store.path: {exc}") from exc
     window = max((m.options.window_size for m in metrics if m.kind == "conversation"), default=10)
     session_store = create_session_store(config.session_store, window_size=window)
     detector: DropDetector | None = None
+    if config.alerts.enabled:
+        _check_alert_rules(config, [m.name for m in metrics], log)
     if config.alerts.enabled and config.alerts.rules:
         detector = DropDetector.from_config(config.alerts, telemetry=telemetry)
         active = detector
