@@ -23,7 +23,28 @@ Measured, in one run:
 
 Target: >= 20,000 spans/s on one core.
 
-Run: ``.venv/bin/python benchmarks/collector_throughput.py`` (``--help`` for options).
+Then the **evaluation stage**, in this process, pinned to the collector's core:
+
+4. **added time per sampled case**: ``--eval-cases`` pre-built traces (a ``@rag`` span
+   with ground truth, a retriever span with 5 documents, a generator span) are handed
+   to :class:`OnlineEvaluator` (``submit``) with the four non-LLM metrics
+   (``id_context_*``, ``non_llm_context_*``), the offline judge (zero latency; these
+   metrics never call it), sampling rate 1 and default workers; the time from the
+   first submit to the last forward, per case, is compared with
+   :class:`PassThroughProcessor` on identical traces in the same run.  Reported: the
+   added time per case, and how much of it the metric computations alone take
+   (``measure`` called directly on the same cases); the rest is orchestration
+   (build cases, sample, queue, tasks and timeouts, enrich).  Target: < 1 ms per case.
+5. **evaluated cases/s at a judge latency of 500 ms** (``--judge-latency``): the real
+   LLM judge (litellm) against the loopback fake OpenAI server of the tests
+   (``tests/fakes/openai_server.py``, ``auto_reply`` answers held ``delay_s`` each),
+   ``contextual_recall`` + ``contextual_precision`` (one judge call each per case)
+   plus the four non-LLM metrics, distinct cases (no cache hits), with the default
+   concurrency (``evaluation.workers`` 32, ``judge.concurrency`` 8), and once more
+   with ``judge.concurrency`` 32 to show which knob bounds it.
+
+Run: ``.venv/bin/python benchmarks/collector_throughput.py`` (``--help`` for options);
+``--only eval`` runs just the evaluation-stage part (about 30 s).
 """
 
 from __future__ import annotations
@@ -43,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 _TARGET_SPANS_PER_S = 20_000
+_TARGET_EVAL_MS_PER_CASE = 1.0
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -423,6 +445,294 @@ def _pct(values: list[float], q: float) -> float:
     return sorted(values)[idx]
 
 
+# ============================================================== evaluation stage
+_EVAL_METRICS = (
+    "id_context_recall",
+    "id_context_precision",
+    "non_llm_context_recall",
+    "non_llm_context_precision",
+)
+_LLM_METRICS = ("contextual_recall", "contextual_precision")
+_WORDS = (
+    *("account", "settings", "password", "reset", "link", "email", "invoice", "billing"),
+    *("export", "report", "team", "member", "role", "permission", "security", "token"),
+    *("session", "device", "browser", "mobile", "app", "plan"),
+)
+
+
+def _eval_traces(n: int, seed: int, docs: int = 5) -> list[Any]:
+    """``n`` ready traces shaped like the SDK's: a ``@rag`` root with input, output and
+    ground truth, a retriever span with ``docs`` documents, a generator span."""
+    import random
+
+    from opentelemetry.proto.common.v1 import common_pb2
+    from opentelemetry.proto.resource.v1 import resource_pb2
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    from ragtrace import semconv as sc
+    from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
+    from ragtrace_collector.otlp import SpanGroup
+    from ragtrace_collector.spanattrs import set_attributes
+
+    rng = random.Random(seed)
+    resource = resource_pb2.Resource()
+    kv = resource.attributes.add(key="service.name")
+    kv.value.string_value = "bench-app"
+    scope = common_pb2.InstrumentationScope(name="ragtrace")
+
+    def sentence(words: int) -> str:
+        return " ".join(rng.choice(_WORDS) for _ in range(words)).capitalize() + "."
+
+    out = []
+    for i in range(n):
+        tid = rng.randbytes(16)
+        ids = [f"doc-{i}-{k}" for k in range(docs)]
+        texts = [" ".join(sentence(12) for _ in range(3)) for _ in range(docs)]
+        rag = trace_pb2.Span(trace_id=tid, span_id=rng.randbytes(8), name="answer")
+        set_attributes(
+            rag.attributes,
+            [
+                (sc.OPENINFERENCE_SPAN_KIND, sc.OI_KIND_CHAIN),
+                (sc.RAGTRACE_SPAN_KIND, sc.KIND_RAG),
+                (sc.INPUT_VALUE, f"question {i}: " + sentence(10)),
+                (sc.OUTPUT_VALUE, sentence(20)),
+                (sc.EXPECTED_OUTPUT, sentence(20) + " " + sentence(10)),
+                (sc.REFERENCE_CONTEXT_IDS, json.dumps([ids[0], ids[3], f"doc-{i}-x"])),
+                (sc.REFERENCE_CONTEXTS, json.dumps([texts[0], texts[3][:80] + sentence(8)])),
+            ],
+        )
+        ret = trace_pb2.Span(
+            trace_id=tid, span_id=rng.randbytes(8), parent_span_id=rag.span_id, name="search"
+        )
+        values: list[tuple[str, Any]] = [
+            (sc.OPENINFERENCE_SPAN_KIND, sc.OI_KIND_RETRIEVER),
+            (sc.RAGTRACE_SPAN_KIND, sc.KIND_RETRIEVER),
+        ]
+        prefix = sc.RETRIEVAL_DOCUMENTS
+        for k in range(docs):
+            values += [
+                (sc.document_attr(prefix, k, sc.DOCUMENT_ID), ids[k]),
+                (sc.document_attr(prefix, k, sc.DOCUMENT_CONTENT), texts[k]),
+                (sc.document_attr(prefix, k, sc.DOCUMENT_SCORE), 1.0 / (k + 1)),
+            ]
+        set_attributes(ret.attributes, values)
+        gen = trace_pb2.Span(
+            trace_id=tid, span_id=rng.randbytes(8), parent_span_id=rag.span_id, name="generate"
+        )
+        set_attributes(gen.attributes, [(sc.RAGTRACE_SPAN_KIND, sc.KIND_GENERATOR)])
+        for span in (rag, ret, gen):
+            span.start_time_unix_nano = 1_700_000_000_000_000_000
+            span.end_time_unix_nano = 1_700_000_000_100_000_000
+        group = SpanGroup(resource, "", scope, "", [rag, ret, gen])
+        now = time.monotonic()
+        out.append(AssembledTrace(tid, [group], ReleaseReason.READY, now, now, True))
+    return out
+
+
+def _evaluator(metric_names: tuple[str, ...], judge: Any, **evaluation: Any) -> Any:
+    from ragtrace_collector.enrichment import EnrichmentConfig
+    from ragtrace_collector.evaluator import EvaluationConfig, OnlineEvaluator
+    from ragtrace_collector.metrics import build_metrics
+    from ragtrace_collector.sampling import Sampler, SamplingConfig
+    from ragtrace_collector.session_store import create_session_store
+    from ragtrace_collector.telemetry import Telemetry
+
+    telemetry = Telemetry()
+    return OnlineEvaluator(
+        EvaluationConfig(**evaluation),
+        metrics=build_metrics(metric_names),
+        judge=judge,
+        sampler=Sampler(SamplingConfig(rate=1.0), telemetry=telemetry),
+        session_store=create_session_store(),
+        enrichment=EnrichmentConfig(),
+        telemetry=telemetry,
+    )
+
+
+async def _run_through(processor: Any, traces: list[Any]) -> tuple[float, float]:
+    """Submit every trace; (wall seconds, CPU seconds) until the last is forwarded."""
+    left = len(traces)
+    done = asyncio.Event()
+
+    def forward(trace: Any) -> None:
+        nonlocal left
+        trace.forwarded = True
+        left -= 1
+        if left == 0:
+            done.set()
+
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for trace in traces:
+        processor.submit(trace, forward)
+    await done.wait()
+    return time.perf_counter() - t0, time.process_time() - cpu0
+
+
+def _rag_attrs(trace: Any) -> dict[str, Any]:
+    from ragtrace_collector.spanattrs import attributes_to_dict
+
+    return dict(attributes_to_dict(trace.groups[0].spans[0].attributes))
+
+
+async def _eval_overhead(n: int) -> dict[str, float]:
+    from ragtrace import semconv as sc
+    from ragtrace_collector.case_builder import build_cases
+    from ragtrace_collector.judges.offline import OfflineJudge
+    from ragtrace_collector.metrics import build_metrics
+    from ragtrace_collector.pipeline import PassThroughProcessor
+
+    judge = OfflineJudge()
+    # queue_size fits the whole burst (it only bounds memory); workers stay at default.
+    warm = _evaluator(_EVAL_METRICS, judge, queue_size=n + 1)
+    warm.start()
+    await _run_through(warm, _eval_traces(300, seed=1))
+    await warm.drain()
+
+    passthrough_traces = _eval_traces(n, seed=2)
+    evaluated_traces = _eval_traces(n, seed=2)  # the same traces, fresh objects
+    metric_traces = _eval_traces(n, seed=2)
+    pt_wall, _ = await _run_through(PassThroughProcessor(), passthrough_traces)
+    evaluator = _evaluator(_EVAL_METRICS, judge, queue_size=n + 1)
+    evaluator.start()
+    ev_wall, ev_cpu = await _run_through(evaluator, evaluated_traces)
+    await evaluator.drain()
+    attrs = _rag_attrs(evaluated_traces[-1])
+    scored = sum(attrs.get(sc.eval_attr(m, sc.EVAL_FIELD_SCORE)) is not None for m in _EVAL_METRICS)
+    assert scored == len(_EVAL_METRICS), f"only {scored} metrics scored: {attrs}"
+    # The metric computations alone, on the same cases, sequentially.
+    cases = [c.case for t in metric_traces for c in build_cases([s for s, _ in t.spans()])]
+    metrics = build_metrics(_EVAL_METRICS)
+    t0 = time.perf_counter()
+    for case in cases:
+        for metric in metrics:
+            await metric.measure(case, judge)
+    metrics_s = time.perf_counter() - t0
+    return {
+        "cases": n,
+        "passthrough_us_per_trace": pt_wall / n * 1e6,
+        "evaluated_ms_per_case": ev_wall / n * 1e3,
+        "evaluated_cpu_ms_per_case": ev_cpu / n * 1e3,
+        "added_ms_per_case": (ev_wall - pt_wall) / n * 1e3,
+        "metrics_ms_per_case": metrics_s / n * 1e3,
+        "orchestration_ms_per_case": (ev_wall - pt_wall - metrics_s) / n * 1e3,
+        "cases_per_s": n / ev_wall,
+    }
+
+
+async def _eval_with_latency(n: int, latency: float, concurrency: int | None) -> dict[str, float]:
+    sys.path.insert(0, str(_ROOT))
+    import ragtrace_collector  # noqa: F401  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
+    from ragtrace_collector.judges.config import JudgeConfig
+    from ragtrace_collector.judges.factory import make_judge
+    from tests.fakes.openai_server import FakeOpenAIServer, RecordedRequest, Reply, auto_reply
+
+    def held(request: RecordedRequest) -> Reply:
+        reply = auto_reply(request)
+        return Reply(content=reply.content, delay_s=latency)
+
+    os.environ.setdefault("RAGTRACE_BENCH_JUDGE_KEY", "sk-bench")
+    async with FakeOpenAIServer(held) as server:
+        options: dict[str, Any] = {}
+        if concurrency is not None:
+            options["concurrency"] = concurrency
+        judge = make_judge(
+            JudgeConfig(
+                model="openai/gpt-4o-mini",
+                api_base=server.base_url,
+                api_key_env="RAGTRACE_BENCH_JUDGE_KEY",
+                **options,
+            )
+        )
+        # Warm litellm up (imports, client), outside the measurement.
+        warm = _evaluator(_LLM_METRICS, judge)
+        warm.start()
+        await _run_through(warm, _eval_traces(2, seed=10))
+        await warm.drain()
+        server.reset()
+        evaluator = _evaluator(_EVAL_METRICS + _LLM_METRICS, judge)  # default config
+        evaluator.start()
+        traces = _eval_traces(n, seed=11)
+        wall, cpu = await _run_through(evaluator, traces)
+        await evaluator.drain()
+        calls = server.request_count
+        in_flight = server.max_in_flight
+    errors = sum(
+        1
+        for t in traces
+        for m in _LLM_METRICS
+        if _rag_attrs(t).get(f"ragtrace.eval.{m}.error") is not None
+    )
+    return {
+        "cases": n,
+        "judge_latency_s": latency,
+        "judge_concurrency": float(concurrency or JudgeConfig.model_fields["concurrency"].default),
+        "cases_per_s": n / wall,
+        "judge_calls": calls,
+        "judge_calls_per_case": calls / n,
+        "max_calls_in_flight": in_flight,
+        "cpu_ms_per_case": cpu / n * 1e3,
+        "errors": errors,
+    }
+
+
+def _eval_runs(args: argparse.Namespace) -> dict[str, Any]:
+    core, _ = _cpus()
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, core)  # the collector's core, as in the runs above
+    try:
+        out: dict[str, Any] = {"overhead": asyncio.run(_eval_overhead(args.eval_cases))}
+        out["latency_default"] = asyncio.run(
+            _eval_with_latency(args.llm_cases, args.judge_latency, None)
+        )
+        # 4x the concurrency, 2x the cases: long enough to leave the ramp-up behind.
+        out["latency_concurrency_32"] = asyncio.run(
+            _eval_with_latency(2 * args.llm_cases, args.judge_latency, 32)
+        )
+    finally:
+        os.sched_setaffinity(0, before)
+    return out
+
+
+def _report_eval(e: dict[str, Any], args: argparse.Namespace) -> None:
+    o = e["overhead"]
+    print(
+        f"\nevaluation stage, added time per sampled case ({o['cases']:,} cases; 4 non-LLM "
+        "metrics,\n  offline judge, rate 1, default workers; in-process on one core)"
+    )
+    print(f"  pass-through processor           {o['passthrough_us_per_trace']:>8.1f} us/trace")
+    print(f"  evaluator, submit -> forward     {o['evaluated_ms_per_case']:>8.3f} ms/case")
+    print(f"  added per case                   {o['added_ms_per_case']:>8.3f} ms/case")
+    print(f"    of which the 4 metrics alone   {o['metrics_ms_per_case']:>8.3f} ms/case")
+    print(f"    orchestration (the rest)       {o['orchestration_ms_per_case']:>8.3f} ms/case")
+    verdict = "meets" if o["added_ms_per_case"] < _TARGET_EVAL_MS_PER_CASE else "MISSES"
+    print(
+        f"  target < {_TARGET_EVAL_MS_PER_CASE:g} ms per case: {verdict} "
+        f"({o['cases_per_s']:,.0f} cases/s on one core)"
+    )
+    print(
+        f"\nevaluated cases/s, judge latency {args.judge_latency * 1000:.0f} ms (litellm -> "
+        "loopback fake OpenAI server;\n  contextual_recall + contextual_precision + 4 "
+        "non-LLM metrics, distinct cases)"
+    )
+    print(f"  {'':<34}{'cases/s':>9}{'calls/case':>12}{'max in flight':>15}{'bound':>8}")
+    for key, label in (
+        ("latency_default", "default (workers 32, judge 8)"),
+        ("latency_concurrency_32", "judge.concurrency 32"),
+    ):
+        r = e[key]
+        bound = r["judge_concurrency"] / (r["judge_calls_per_case"] * r["judge_latency_s"])
+        print(
+            f"  {label:<34}{r['cases_per_s']:>9.1f}{r['judge_calls_per_case']:>12.2f}"
+            f"{r['max_calls_in_flight']:>15.0f}{bound:>8.1f}"
+        )
+        if r["errors"]:
+            print(f"    ({r['errors']:.0f} judge errors!)")
+    print(
+        "  bound = judge.concurrency / (calls per case x latency): the judge's concurrency\n"
+        "  limit, not the evaluator, sets the rate; raise judge.concurrency for more."
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--role", choices=["main", "sink", "load"], default="main")
@@ -436,6 +746,12 @@ def main() -> int:
     parser.add_argument("--latency-spans", type=int, default=10_000)
     parser.add_argument("--buffered", type=int, default=100_000, help="spans for the RSS run")
     parser.add_argument("--sink-ports", default="", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--only", choices=["all", "passthrough", "eval"], default="all", help="parts to run"
+    )
+    parser.add_argument("--eval-cases", type=int, default=3000, help="cases, overhead run")
+    parser.add_argument("--llm-cases", type=int, default=64, help="cases, judge-latency run")
+    parser.add_argument("--judge-latency", type=float, default=0.5, help="seconds per call")
     args = parser.parse_args()
     if args.role == "sink":
         g, h, s = (int(p) for p in args.sink_ports.split(","))
@@ -448,6 +764,16 @@ def main() -> int:
 
 
 def _orchestrate(args: argparse.Namespace) -> int:
+    results: dict[str, Any] = {"cpus": len(os.sched_getaffinity(0))}
+    if args.only != "eval":
+        _passthrough_runs(args, results)
+    if args.only != "passthrough":
+        results["eval"] = _eval_runs(args)
+    _report(results, args)
+    return 0
+
+
+def _passthrough_runs(args: argparse.Namespace, results: dict[str, Any]) -> None:
     sink_grpc, sink_http, sink_stats = _free_ports(3)
     _, others = _cpus()
     sink = subprocess.Popen(
@@ -467,7 +793,6 @@ def _orchestrate(args: argparse.Namespace) -> int:
     sink.stdout.readline()
     stats_url = f"http://127.0.0.1:{sink_stats}/stats"
     reset_url = f"http://127.0.0.1:{sink_stats}/reset"
-    results: dict[str, Any] = {"cpus": len(os.sched_getaffinity(0))}
     try:
         print(
             f"collector pinned to 1 core; load generator and sink on the other "
@@ -529,11 +854,28 @@ def _orchestrate(args: argparse.Namespace) -> int:
     finally:
         sink.send_signal(signal.SIGTERM)
         sink.wait(30)
-    _report(results, args)
-    return 0
 
 
 def _report(r: dict[str, Any], args: argparse.Namespace) -> None:
+    if "collector_http" in r:
+        _report_passthrough(r, args)
+    if "eval" in r:
+        _report_eval(r["eval"], args)
+    summary = {k: v for k, v in r.items() if not k.startswith("lat_")}
+    if "lat_collector" in r:
+        lc, ld = r["lat_collector"], r["lat_direct"]
+        summary.update(
+            latency_ms={
+                "collector_p50": _pct(lc, 0.5),
+                "collector_p99": _pct(lc, 0.99),
+                "direct_p50": _pct(ld, 0.5),
+                "direct_p99": _pct(ld, 0.99),
+            }
+        )
+    print("\n" + json.dumps(summary, default=float))
+
+
+def _report_passthrough(r: dict[str, Any], args: argparse.Namespace) -> None:
     print(
         f"{'pass-through (spans/s)':<26}{'collector':>11}{'sink only':>11}{'ratio':>7}"
         f"{'collector CPU':>15}{'per busy core':>15}"
@@ -566,16 +908,6 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> None:
         f"peak RSS (VmHWM) {r['hwm'] / mib:.0f} MiB; ~{per_span:,.0f} bytes/span over idle"
     )
     print(f"  (a span here: 6 attributes of ~70 chars, ~{_span_size()} bytes of protobuf)")
-    summary = {k: v for k, v in r.items() if not k.startswith("lat_")}
-    summary.update(
-        latency_ms={
-            "collector_p50": _pct(lc, 0.5),
-            "collector_p99": _pct(lc, 0.99),
-            "direct_p50": _pct(ld, 0.5),
-            "direct_p99": _pct(ld, 0.99),
-        }
-    )
-    print("\n" + json.dumps(summary, default=float))
 
 
 def _span_size() -> int:

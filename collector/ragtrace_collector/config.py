@@ -48,6 +48,7 @@ from ragtrace_collector.metrics.base import MetricOptions
 from ragtrace_collector.reference_store import ReferenceStoreConfig
 from ragtrace_collector.sampling import SamplingConfig
 from ragtrace_collector.session_store import SessionStoreConfig
+from ragtrace_collector.units import parse_duration, parse_size
 
 __all__ = [
     "AdminConfig",
@@ -94,45 +95,10 @@ class ConfigError(Exception):
 
 
 # ----------------------------------------------------------------- value types
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMG]i?B|B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {
-    "b": 1,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-}
-
-
-def _parse_duration(value: Any) -> Any:
-    if isinstance(value, str):
-        m = _DURATION_RE.match(value)
-        if m is None:
-            raise ValueError(
-                f"{value!r} is not a duration (use seconds, or a number with ms, s, m or h)"
-            )
-        return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-    return value
-
-
-def _parse_size(value: Any) -> Any:
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m is None:
-            raise ValueError(f"{value!r} is not a size (use bytes, or e.g. 512KiB, 16MiB, 1GB)")
-        unit = (m.group(2) or "b").lower()
-        return int(float(m.group(1)) * _SIZE_UNITS[unit])
-    return value
-
-
-#: Seconds, from a number or a string such as ``"250ms"`` or ``"2s"``.
-Duration = Annotated[float, BeforeValidator(_parse_duration), Field(ge=0)]
+#: Seconds, from a number or a string such as ``"250ms"``, ``"2s"`` or ``"1h30m"``.
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 #: Bytes, from a number or a string such as ``"16MiB"``.
-ByteSize = Annotated[int, BeforeValidator(_parse_size), Field(gt=0)]
+ByteSize = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 
 
 def split_host_port(endpoint: str) -> tuple[str, int]:

@@ -39,8 +39,8 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from ragtrace_collector.alerts import config as _alerts_config
-from ragtrace_collector.config import CollectorConfig, _parse_duration, _parse_size
+from ragtrace_collector.config import CollectorConfig
+from ragtrace_collector.units import parse_duration, parse_size
 
 __all__ = [
     "BEGIN_MARKER",
@@ -62,10 +62,8 @@ REGENERATE = "python -m ragtrace_collector.configref --write README.md"
 #: Placeholder of a map key in a dotted path, per map field path (default ``<name>``).
 _KEY_PLACEHOLDERS: Mapping[str, str] = {"metrics": "<metric>"}
 
-_DURATION_FUNCS: frozenset[Callable[..., Any]] = frozenset(
-    {_parse_duration, _alerts_config.parse_duration}
-)
-_SIZE_FUNCS: frozenset[Callable[..., Any]] = frozenset({_parse_size})
+_DURATION_FUNCS: frozenset[Callable[..., Any]] = frozenset({parse_duration})
+_SIZE_FUNCS: frozenset[Callable[..., Any]] = frozenset({parse_size})
 _SCALARS: Mapping[Any, str] = {
     bool: "bool",
     int: "int",

@@ -27,6 +27,7 @@ result on a carrier span instead.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -112,6 +113,9 @@ class OnlineEvaluator:
         self._workers: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._session_locks: dict[str, asyncio.Lock] = {}
+        # (session, metric) -> done when the latest turn's window step has finished:
+        # each turn adds its window score after the turns that arrived before it.
+        self._window_steps: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._draining = False
         self._depth = telemetry.queue_depth.labels("evaluation")
 
@@ -374,6 +378,7 @@ class OnlineEvaluator:
             )
         if self.conversation_metrics:
             conv = await self._conversation_for(built)
+            loop = asyncio.get_running_loop()
             for cmetric in self.conversation_metrics:
                 if conv is None:
                     outcome.results.append(
@@ -388,11 +393,18 @@ class OnlineEvaluator:
                         )
                     )
                     continue
-                outcome.pending.append(
-                    asyncio.create_task(
-                        self._run_window_metric(cmetric, built, conv), name=cmetric.name
-                    )
+                # Chained now, in arrival order (no await since the turn was stored).
+                key = (built.session_id or "", cmetric.name)
+                previous = self._window_steps.get(key)
+                step: asyncio.Future[None] = loop.create_future()
+                self._window_steps[key] = step
+                task = asyncio.create_task(
+                    self._run_window_metric(cmetric, built, conv, previous),
+                    name=cmetric.name,
                 )
+                # Released however the task ends (even cancelled before it started).
+                task.add_done_callback(functools.partial(self._release_step, key, step))
+                outcome.pending.append(task)
         return outcome
 
     async def _run_case_metric(
@@ -460,9 +472,24 @@ class OnlineEvaluator:
             lock = self._session_locks[session_id] = asyncio.Lock()
         return lock
 
+    def _release_step(
+        self, key: tuple[str, str], step: asyncio.Future[None], _task: asyncio.Task[Any]
+    ) -> None:
+        if not step.done():
+            step.set_result(None)
+        if self._window_steps.get(key) is step:
+            del self._window_steps[key]
+
     async def _run_window_metric(
-        self, metric: ConversationMetric, built: BuiltCase, conv: Conversation
+        self,
+        metric: ConversationMetric,
+        built: BuiltCase,
+        conv: Conversation,
+        previous: asyncio.Future[None] | None,
     ) -> tuple[MetricResult, dict[str, Any]]:
+        """Score this turn's window, then (after the session's previous turn did the
+        same) add it to the running sums: the conversation score written on turn k is
+        the mean over the windows up to k, whatever order the windows finish in."""
         assert built.session_id is not None
         assert built.turn_index is not None
         try:
@@ -472,6 +499,10 @@ class OnlineEvaluator:
         except TimeoutError:
             self._telemetry.eval_timeouts.labels(metric.name).inc()
             return _timeout_result(metric.name, self.config.metric_timeout), {}
+        if previous is not None and not previous.done():
+            # Bounded: the previous turn's task is itself bounded by the timeouts, and
+            # its step is released however it ends.
+            await asyncio.wait([previous])
         window_score = result.details.get("window_score", result.score)
         if result.error is not None or window_score is None:
             sums = await self.sessions.get_window_scores(built.session_id, metric.name)
@@ -481,6 +512,8 @@ class OnlineEvaluator:
             )
         total, count = sums
         running = total / count if count else 1.0
+        if metric.options.strict and running < 1.0:
+            running = 0.0  # as the offline conversation result: strict applies to the mean
         return result, {semconv.EVAL_FIELD_CONVERSATION_SCORE: running}
 
 

@@ -50,6 +50,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from rapidfuzz import fuzz, process
 
+from ragtrace_collector.units import Duration
+
 __all__ = [
     "ReferenceEntry",
     "ReferenceStore",
@@ -130,7 +132,7 @@ class ReferenceStoreConfig(BaseModel):
         "token_sort_ratio", description="The rapidfuzz scorer of fuzzy matching."
     )
     #: Seconds between checks of the file; 0 turns polling off.
-    reload_interval: float = Field(default=5.0, ge=0.0)
+    reload_interval: Duration = Field(default=5.0, ge=0.0)
     cache_size: int = Field(
         default=10_000, ge=0, description="Lookups (misses too) cached per input text."
     )

@@ -41,6 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from ragtrace_collector.units import Duration
+
 __all__ = [
     "MemorySessionStore",
     "RedisSessionStore",
@@ -108,7 +110,7 @@ class SessionStoreConfig(BaseModel):
     url: str = "redis://127.0.0.1:6379/0"
     #: Seconds a session may stay idle (unwritten) before it expires.  A day: long
     #: enough for a conversation resumed after a pause to keep its running mean.
-    ttl: float = Field(default=86_400.0, gt=0.0)
+    ttl: Duration = Field(default=86_400.0, gt=0.0)
     #: ``memory`` backend only: sessions kept before the least recently written goes.
     max_sessions: int = Field(default=10_000, ge=1)
     #: Turns kept per session; None: twice the metric window (``window_size``).
@@ -117,7 +119,7 @@ class SessionStoreConfig(BaseModel):
         "ragtrace:session:", description="`redis` backend only: prefix of every key."
     )
     #: ``redis`` backend only: connect and command timeout, seconds.
-    socket_timeout: float = Field(default=5.0, gt=0.0)
+    socket_timeout: Duration = Field(default=5.0, gt=0.0)
 
     @field_validator("url")
     @classmethod

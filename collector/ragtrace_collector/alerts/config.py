@@ -30,7 +30,6 @@ Unknown keys are configuration errors.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -42,6 +41,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from ragtrace_collector.units import Duration, format_duration, parse_duration
 
 __all__ = [
     "AlertmanagerConfig",
@@ -56,55 +57,6 @@ __all__ = [
     "format_duration",
     "parse_duration",
 ]
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string like ``"15m"``, ``"1h30m"``, ``"250ms"``."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip().lower()
-        try:
-            seconds = float(text)
-        except ValueError:
-            pos = 0
-            seconds = 0.0
-            for match in _DURATION_PART.finditer(text):
-                if match.start() != pos:
-                    break
-                seconds += float(match.group(1)) * _UNITS[match.group(2)]
-                pos = match.end()
-            if pos != len(text) or not text:
-                raise ValueError(
-                    f"not a duration: {value!r} (use seconds or e.g. '30s', '15m', '24h', '1h30m')"
-                ) from None
-    else:
-        raise ValueError(f"not a duration: {value!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"a duration must be finite and not negative: {value!r}")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """A single-unit spelling of whole seconds (``900`` -> ``15m``, ``86400`` -> ``24h``)."""
-    if seconds <= 0 or seconds != int(seconds):
-        raise ValueError(f"cannot spell {seconds!r} as a whole-unit duration")
-    whole = int(seconds)
-    if whole % 86400 == 0 and whole >= 3 * 86400:
-        return f"{whole // 86400}d"
-    for unit, size in (("h", 3600), ("m", 60)):
-        if whole % size == 0:
-            return f"{whole // size}{unit}"
-    return f"{whole}s"
-
-
-#: A duration in seconds; accepts numbers and strings like "15m".
-Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class FixedBaseline(BaseModel):

@@ -23,6 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ragtrace_collector.units import Duration
+
 __all__ = ["JudgeConfig"]
 
 _ENV_FALLBACKS: dict[str, str] = {
@@ -55,12 +57,12 @@ class JudgeConfig(BaseModel):
         "itself); unset, litellm reads the provider's usual variable (`OPENAI_API_KEY`...).",
     )
     #: Per-call timeout, seconds.
-    timeout_s: float = Field(default=60.0, gt=0)
+    timeout_s: Duration = Field(default=60.0, gt=0)
     #: Retries on 429, 5xx and connection errors (0 = a single attempt).
     max_retries: int = Field(default=3, ge=0, le=20)
     #: Exponential backoff: base * 2**attempt, capped at max, with full jitter.
-    backoff_base_s: float = Field(default=0.5, ge=0)
-    backoff_max_s: float = Field(
+    backoff_base_s: Duration = Field(default=0.5, ge=0)
+    backoff_max_s: Duration = Field(
         default=30.0, ge=0, description="Longest backoff delay before a retry, seconds."
     )
     #: Maximum judge calls in flight for one judge instance.
