@@ -207,7 +207,8 @@ class OnlineEvaluator:
         try:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
-            self._telemetry.eval_traces.labels("overload").inc()
+            # Sampled (already counted by the sampler), then shed: counted once more,
+            # under ragtrace_eval_skipped{reason="overload"}.
             self._skip(job, "overload")
             return
         self._depth.set(self._queue.qsize())

@@ -60,6 +60,12 @@ class CollectorService:
         if processor is None and config.evaluation.enabled:
             self.stage = build_stage(config, self.telemetry)
             processor = self.stage.processor
+        elif config.alerts.rules:
+            self._log.warning(
+                "alerts_without_evaluation",
+                detail="evaluation is off, so no scores reach the alert rules",
+                rules=[r.name for r in config.alerts.rules],
+            )
         self.exporters: list[Exporter[Any]] = [
             build_exporter(name, cfg, self.telemetry) for name, cfg in config.exporters.items()
         ]

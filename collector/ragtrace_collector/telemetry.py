@@ -110,13 +110,14 @@ class Telemetry:
         )
         self.eval_traces = Counter(
             "ragtrace_eval_traces",
-            "Ready traces by sampling decision: sampled, unsampled, budget, overload.",
+            "Ready traces with a @rag span, by sampling decision: sampled, unsampled, budget.",
             ["decision"],
             registry=r,
         )
         self.eval_skipped = Counter(
             "ragtrace_eval_skipped",
-            "Sampled traces forwarded unevaluated, by reason: overload, budget, shutdown.",
+            "Traces forwarded unevaluated although chosen for evaluation, by reason: "
+            "overload (queue full), budget, shutdown.",
             ["reason"],
             registry=r,
         )

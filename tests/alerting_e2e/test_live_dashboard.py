@@ -23,7 +23,7 @@ from tests.alerting_e2e._support import (
     configure_sdk,
     scrape,
 )
-from tests.alerts.test_dashboard import _dashboard, _queries, _variable_selectors, metric_names
+from tests.alerts.dashboard import load_dashboard, metric_names, queries, variable_selectors
 from tests.collector.harness import wait_for
 from tests.fakes.otlp_sink import OtlpSink
 
@@ -87,9 +87,9 @@ def test_every_dashboard_series_is_on_the_live_collector(sink: OtlpSink) -> None
 
     sampled, declared = live.sample_names, _declared(live.families)
     assert _LIVE - sampled == set(), "series the traffic should have produced"
-    dash = _dashboard()
+    dash = load_dashboard()
     used: set[str] = set()
-    for expr in _queries(dash) + _variable_selectors(dash):
+    for expr in queries(dash) + variable_selectors(dash):
         names = metric_names(expr)
         assert names, f"no series in {expr!r}"
         missing = names - sampled - declared

@@ -12,7 +12,6 @@ import json
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -20,94 +19,17 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
 from ragtrace_collector.telemetry import Telemetry
+from tests.alerts.dashboard import (
+    GRAFANA,
+    REQUIRED_FAMILIES,
+    all_panels,
+    interpolate,
+    load_dashboard,
+    metric_names,
+    queries,
+    variable_selectors,
+)
 from tests.fakes.services import PROMTOOL
-
-ROOT = Path(__file__).resolve().parents[2]
-GRAFANA = ROOT / "docker" / "grafana"
-DASHBOARD = GRAFANA / "dashboards" / "ragtrace.json"
-
-_KEYWORDS = {
-    "by",
-    "without",
-    "on",
-    "ignoring",
-    "group_left",
-    "group_right",
-    "offset",
-    "bool",
-    "and",
-    "or",
-    "unless",
-    "inf",
-    "nan",
-}
-#: Families the dashboard must show: scores, pass/skip/error counts, evaluation rate,
-#: judge cost, and collector health.
-_REQUIRED_FAMILIES = {
-    "ragtrace_eval_score",
-    "ragtrace_eval_results",
-    "ragtrace_eval_traces",
-    "ragtrace_judge_cost_usd",
-    "ragtrace_judge_calls",
-    "ragtrace_spans_received",
-    "ragtrace_spans_forwarded",
-    "ragtrace_spans_dropped",
-    "ragtrace_traces_buffered",
-    "ragtrace_alert_firing",
-}
-#: Grafana's built-in variables, as a query would see them after interpolation.
-_GRAFANA_VARS = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
-
-
-def _dashboard() -> dict[str, Any]:
-    data = json.loads(DASHBOARD.read_text(encoding="utf-8"))
-    assert isinstance(data, dict)
-    return data
-
-
-def _panels(dash: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    for panel in dash["panels"]:
-        out.append(panel)
-        out.extend(panel.get("panels", []))  # collapsed rows nest their panels
-    return out
-
-
-def _queries(dash: dict[str, Any]) -> list[str]:
-    return [t["expr"] for p in _panels(dash) for t in p.get("targets", [])]
-
-
-def _variable_selectors(dash: dict[str, Any]) -> list[str]:
-    """The series selectors inside the ``label_values(selector, label)`` variables."""
-    out = []
-    for var in dash["templating"]["list"]:
-        if var["type"] != "query":
-            continue
-        match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", var["query"]["query"])
-        assert match, f"variable {var['name']}: not a label_values() query"
-        out.append(match.group(1))
-    return out
-
-
-def _interpolate(expr: str) -> str:
-    for name, value in _GRAFANA_VARS.items():
-        expr = expr.replace(name, value)
-    return re.sub(r"\$\w+", ".*", expr)  # dashboard variables only appear in =~ matchers
-
-
-def metric_names(expr: str) -> set[str]:
-    """Series names an expression selects (a small PromQL lexer: good enough for
-    dashboards, and checked against promtool's parse below)."""
-    s = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
-    s = re.sub(r"\{[^}]*\}", " ", s)
-    s = re.sub(r"\[[^\]]*\]", " ", s)
-    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)
-    names = set()
-    for m in re.finditer(r"(?<![\w:.])[A-Za-z_:][\w:]*", s):
-        if m.group(0).lower() in _KEYWORDS or s[m.end() :].lstrip().startswith("("):
-            continue
-        names.add(m.group(0))
-    return names
 
 
 def exported() -> dict[str, str]:
@@ -133,11 +55,11 @@ def test_metric_names_lexer() -> None:
 
 
 def test_the_dashboard_is_well_formed() -> None:
-    dash = _dashboard()
+    dash = load_dashboard()
     assert dash["uid"] == "ragtrace-overview"
     assert dash["title"]
     assert isinstance(dash["schemaVersion"], int)
-    panels = _panels(dash)
+    panels = all_panels(dash)
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
     names = {v["name"] for v in dash["templating"]["list"]}
@@ -162,8 +84,8 @@ def test_the_dashboard_is_well_formed() -> None:
 
 
 def test_the_dashboard_has_the_panels_the_issue_asks_for() -> None:
-    dash = _dashboard()
-    panels = [p for p in _panels(dash) if p["type"] != "row"]
+    dash = load_dashboard()
+    panels = [p for p in all_panels(dash) if p["type"] != "row"]
     by_title = {p["title"]: p for p in panels}
     score = by_title["$metric by service"]
     assert score["repeat"] == "metric"  # one panel per metric
@@ -179,11 +101,11 @@ def test_the_dashboard_has_the_panels_the_issue_asks_for() -> None:
 
 
 def test_the_dashboard_names_only_exported_series() -> None:
-    dash = _dashboard()
+    dash = load_dashboard()
     names = exported()
     assert "ragtrace_eval_score_sum" in names  # the exposition really is the collector's
     used: set[str] = set()
-    for expr in _queries(dash) + _variable_selectors(dash):
+    for expr in queries(dash) + variable_selectors(dash):
         found = metric_names(expr)
         assert found, f"no series in {expr!r}"
         unknown = found - names.keys()
@@ -193,12 +115,12 @@ def test_the_dashboard_names_only_exported_series() -> None:
             assert names[series] in {"counter", "histogram"}, f"{fn}() over gauge {series}"
     # and it shows what the issue asks for (histograms via any of their series)
     shown = {re.sub(r"_(total|sum|count|bucket)$", "", n) for n in used}
-    assert _REQUIRED_FAMILIES - shown == set()
+    assert REQUIRED_FAMILIES - shown == set()
 
 
 def test_every_dashboard_query_parses(tmp_path: Path) -> None:
-    dash = _dashboard()
-    exprs = [_interpolate(e) for e in _queries(dash) + _variable_selectors(dash)]
+    dash = load_dashboard()
+    exprs = [interpolate(e) for e in queries(dash) + variable_selectors(dash)]
     records = [{"record": f"dashboard:query:{i}", "expr": e} for i, e in enumerate(exprs)]
     rules = {"groups": [{"name": "dashboard", "rules": records}]}
     path = tmp_path / "dashboard.rules.yml"
