@@ -130,6 +130,8 @@ def build_cases(
     reference_lookup: Callable[[str], ReferenceLookup | None] | None = None,
 ) -> list[BuiltCase]:
     """One :class:`BuiltCase` per ``@rag`` span in ``spans`` (one trace's spans)."""
+    if not any(_is_rag(span) for span in spans):
+        return []  # the common case for non-RAG traffic: no attribute decoding at all
     attrs_of: dict[bytes, dict[str, Any]] = {}
     children: dict[bytes, list[trace_pb2.Span]] = defaultdict(list)
     rag_spans: list[trace_pb2.Span] = []
@@ -156,6 +158,13 @@ def build_cases(
             )
         )
     return built
+
+
+def _is_rag(span: trace_pb2.Span) -> bool:
+    for kv in span.attributes:
+        if kv.key == semconv.RAGTRACE_SPAN_KIND:
+            return kv.value.string_value == semconv.KIND_RAG
+    return False
 
 
 def _retrieval_spans_under(
