@@ -163,7 +163,7 @@ def build_cases(
 def _is_rag(span: trace_pb2.Span) -> bool:
     for kv in span.attributes:
         if kv.key == semconv.RAGTRACE_SPAN_KIND:
-            return kv.value.string_value == semconv.KIND_RAG
+            return bool(kv.value.string_value == semconv.KIND_RAG)
     return False
 
 

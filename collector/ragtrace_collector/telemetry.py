@@ -132,7 +132,7 @@ class Telemetry:
         )
         self.judge_calls = Counter(
             "ragtrace_judge_calls",
-            "Judge calls by outcome: ok, cached, error, timeout.",
+            "Judge calls by outcome: ok, cached, error, timeout, cancelled (every caller gave up).",
             ["model", "outcome"],
             registry=r,
         )

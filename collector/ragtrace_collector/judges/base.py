@@ -291,11 +291,15 @@ class JudgeAnswer(BaseModel, Generic[R]):
 
 
 class JudgeCallRecord(BaseModel):
-    """One judge call, for telemetry listeners (``on_call`` hooks)."""
+    """One judge call, for telemetry listeners (``on_call`` hooks).
+
+    ``outcome`` is ``cancelled`` for a call cut off because no caller waits for it
+    any more (e.g. every metric asking it hit its timeout): not a model failure.
+    """
 
     model: str
     task: str
-    outcome: Literal["ok", "cached", "error", "timeout"]
+    outcome: Literal["ok", "cached", "error", "timeout", "cancelled"]
     latency_s: float
     prompt_tokens: int = 0
     completion_tokens: int = 0

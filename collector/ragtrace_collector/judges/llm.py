@@ -14,15 +14,23 @@ One :meth:`LLMJudge.ask`:
 5. on an invalid answer asks exactly once more, quoting the validation error, then
    raises ``JudgeError("invalid_response")``.  It never guesses.
 
+A caller may be cancelled (the collector's per-metric timeout does that).  The call
+lives as long as at least one caller still waits for it; when the last one gives up,
+the call is cancelled too, wherever it is (waiting for a slot, on the wire, or in a
+retry's backoff), its concurrency slot is freed at once and nothing is cached for it.
+The cost of a shared call goes to the first caller still there to receive it.
+
 Tokens and USD come from litellm's cost data; an unknown price is ``None``, never 0.
 Every HTTP attempt and every cache hit is reported to ``on_call`` as a
-:class:`JudgeCallRecord`.
+:class:`JudgeCallRecord`; an attempt cut off because nobody waits for it any more is
+reported with outcome ``"cancelled"`` (not as an error of the model).
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import hashlib
 import importlib
 import json
@@ -78,15 +86,30 @@ class JudgeStats:
     validation_retries: int = 0
     #: Answers that needed local JSON repair.
     repaired: int = 0
+    #: Calls cancelled because every caller waiting for them was cancelled.
+    abandoned: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+
+@dataclass
+class _Flight:
+    """One call in flight and the callers waiting for it."""
+
+    task: asyncio.Task[tuple[BaseModel, Cost]]
+    #: Callers awaiting ``task`` right now; at 0 (all cancelled) the call is cancelled.
+    waiters: int = 0
+    #: Whether a caller has been handed the call's cost (it is charged once).
+    charged: bool = False
+    #: Cancelled because nobody waits any more: its outcome is never cached.
+    abandoned: bool = False
 
 
 @dataclass
 class _LoopState:
     loop: asyncio.AbstractEventLoop
     semaphore: asyncio.Semaphore
-    inflight: dict[str, asyncio.Future[tuple[BaseModel, Cost]]] = field(default_factory=dict)
+    inflight: dict[str, _Flight] = field(default_factory=dict)
 
 
 class _InvalidAnswer(Exception):
@@ -154,19 +177,34 @@ class LLMJudge:
             return self._hit(task, cached, shared=False)
 
         state = self._loop_state()
-        pending = state.inflight.get(key)
-        if pending is not None:
-            try:
-                value, _ = await asyncio.shield(pending)
-            except JudgeError as exc:
-                # The call we joined failed; its cost was charged to its first caller.
-                raise JudgeError(exc.kind, str(exc)) from None
-            return self._hit(task, value, shared=True)
+        flight = state.inflight.get(key)
+        if flight is None:
+            flight = _Flight(asyncio.ensure_future(self._answer(task, prompt)))
+            state.inflight[key] = flight
+            flight.task.add_done_callback(functools.partial(self._settle, state, key, flight))
+        return await self._await_flight(task, state, key, flight)
 
-        future = asyncio.ensure_future(self._answer(task, prompt))
-        state.inflight[key] = future
-        future.add_done_callback(lambda done: self._settle(state, key, done))
-        value, cost = await asyncio.shield(future)
+    async def _await_flight(
+        self, task: JudgeTask[R], state: _LoopState, key: str, flight: _Flight
+    ) -> JudgeAnswer[R]:
+        """Wait for ``flight`` as one of its callers; the last caller to be cancelled
+        cancels the call."""
+        flight.waiters += 1
+        try:
+            value, cost = await asyncio.shield(flight.task)
+        except JudgeError as exc:
+            if flight.charged:
+                # Another caller of this call was told first and charged its cost.
+                raise JudgeError(exc.kind, str(exc)) from None
+            flight.charged = True
+            raise
+        finally:
+            flight.waiters -= 1
+            if flight.waiters == 0 and not flight.task.done():
+                self._abandon(state, key, flight)
+        if flight.charged:
+            return self._hit(task, value, shared=True)
+        flight.charged = True
         return JudgeAnswer(value=cast(R, value.model_copy(deep=True)), cost=cost)
 
     # --------------------------------------------------------------- caching
@@ -198,13 +236,29 @@ class LLMJudge:
             cached=True,
         )
 
+    def _abandon(self, state: _LoopState, key: str, flight: _Flight) -> None:
+        """Every caller of ``flight`` was cancelled: cancel the call itself, so that it
+        frees its concurrency slot (and stops retrying) now.  A later identical request
+        starts a new call instead of joining this dying one."""
+        if state.inflight.get(key) is flight:
+            del state.inflight[key]
+        flight.abandoned = True
+        self.stats.abandoned += 1
+        flight.task.cancel()
+
     def _settle(
-        self, state: _LoopState, key: str, done: asyncio.Future[tuple[BaseModel, Cost]]
+        self,
+        state: _LoopState,
+        key: str,
+        flight: _Flight,
+        done: asyncio.Future[tuple[BaseModel, Cost]],
     ) -> None:
-        state.inflight.pop(key, None)
+        if state.inflight.get(key) is flight:
+            del state.inflight[key]
         if done.cancelled():
             return
-        if done.exception() is None:  # also marks a failure as retrieved
+        # exception() also marks a failure as retrieved.
+        if done.exception() is None and not flight.abandoned:
             value, _ = done.result()
             self._cache.put(key, value.model_copy(deep=True))
 
@@ -282,6 +336,8 @@ class LLMJudge:
                         "timeout", f"{task_name}: no answer from {self.model} in {cfg.timeout_s}s"
                     ) from None
                 except asyncio.CancelledError:
+                    # Every caller gave up (or the loop is closing): not a model failure.
+                    self._record(task_name, "cancelled", started)
                     raise
                 except Exception as exc:
                     self._record(task_name, "error", started)
@@ -370,7 +426,7 @@ class LLMJudge:
     def _record(
         self,
         task_name: str,
-        outcome: Literal["ok", "error", "timeout"],
+        outcome: Literal["ok", "error", "timeout", "cancelled"],
         started: float,
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
