@@ -244,7 +244,11 @@ class Pipeline:
         return None
 
     def offer(self, split: SplitRequest, receiver: str) -> None:
-        """Accept the spans of one request, or raise :class:`Refused` (nothing taken)."""
+        """Accept the spans of one request, or raise :class:`Refused` (nothing taken).
+
+        Spans of an accepted request that ``split`` already set aside (invalid trace or
+        span ids, answered as a partial success) are counted as refused ``invalid_id``.
+        """
         refused = self.refusal()
         if refused is not None:
             self._telemetry.spans_refused.labels(receiver, refused.reason).inc(split.span_count)
@@ -258,6 +262,8 @@ class Pipeline:
         if split.span_count:
             self.assembler.add(split)
             self._telemetry.spans_received.labels(receiver).inc(split.span_count)
+        if split.rejected_spans:
+            self._telemetry.spans_refused.labels(receiver, "invalid_id").inc(split.rejected_spans)
 
     # ------------------------------------------------------- processor hook
     def _dispatch(self, trace: AssembledTrace) -> None:

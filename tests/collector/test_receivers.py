@@ -236,6 +236,8 @@ def test_http_partial_success_for_spans_with_bad_ids(
     collector: CollectorThread, sink: OtlpSink
 ) -> None:
     before = sink.span_count
+    invalid_id = {"receiver": "otlp_http", "reason": "invalid_id"}
+    refused_before = collector.metric("ragtrace_spans_refused_total", invalid_id)
     spans = [*rag_trace(children=1), make_span(b"\x00" * 16, name="bad")]
     status, _, body = post(collector.http_url, make_request(spans).SerializeToString(), PB)
     assert status == 200
@@ -243,6 +245,7 @@ def test_http_partial_success_for_spans_with_bad_ids(
     response.ParseFromString(body)
     assert response.partial_success.rejected_spans == 1
     assert "trace_id" in response.partial_success.error_message
+    assert collector.metric("ragtrace_spans_refused_total", invalid_id) == refused_before + 1
     got = sink.wait_for_spans(before + 2)
     assert "bad" not in {r.span.name for r in got[before:]}
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,23 +10,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import ragtrace
-from ragtrace import _config, _safety, _session
 from ragtrace import semconv as sc
 from tests.fakes.openai_server import openai_server  # noqa: F401  (fixture)
-
-
-@pytest.fixture(autouse=True)
-def _clean_ragtrace(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key in list(os.environ):
-        if key.startswith(("RAGTRACE_", "OTEL_")):
-            monkeypatch.delenv(key)
-    _config._reset_for_tests()
-    _safety._forget_for_tests()
-    _session._forget_for_tests()
-    yield
-    _config._reset_for_tests()
-    _safety._forget_for_tests()
-    _session._forget_for_tests()
+from tests.fakes.sdk_state import clean_sdk  # noqa: F401  (autouse fixture)
 
 
 class SpanRecorder:

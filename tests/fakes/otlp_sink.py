@@ -7,7 +7,12 @@ OTel SDK's blocking exporters) can use it directly.  It can be scripted to misbe
   error status, optionally with Retry-After / RetryInfo;
 * ``go_down()`` / ``come_up()``: close the listening sockets and every connection
   (clients see "connection refused"), then listen again on the same ports;
-* ``delay``: seconds to wait before answering each call (a slow backend).
+* ``delay``: seconds to wait before answering each call (a slow backend);
+* ``hold``: a ``threading.Event``; each call waits until it is set (a backend that
+  hangs), and ``holding`` is set once a call is waiting.
+
+Spans of a call answered with a scripted failure are not recorded, only counted
+(``refused_span_count``).
 
 It decodes only what an OTLP exporter sends: protobuf, optionally gzip.  It is
 deliberately independent of ``ragtrace_collector`` so it can judge the collector.
@@ -16,6 +21,7 @@ deliberately independent of ``ragtrace_collector`` so it can judge the collector
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import threading
 import time
@@ -94,11 +100,18 @@ class OtlpSink:
         self.grpc_port = 0
         self.http_port = 0
         self.delay = 0.0
+        #: When set, every export call waits (at most 30 s) until the event is set.
+        self.hold: threading.Event | None = None
+        #: Set once an export call is waiting on ``hold``.
+        self.holding = threading.Event()
         self._lock = threading.Condition()
         self._spans: list[ReceivedSpan] = []
         self._requests = 0
+        self._refused_spans = 0
         #: Headers (HTTP) or metadata (gRPC) of every export call, lower-cased keys.
         self.headers: list[dict[str, str]] = []
+        #: Path (HTTP) or method (gRPC) of every export call.
+        self.paths: list[str] = []
         self._failures: list[_Failure] = []
         self.failures_served = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -118,6 +131,8 @@ class OtlpSink:
     def stop(self) -> None:
         if self._loop is None:
             return
+        if self.hold is not None:
+            self.hold.set()
         self._call(self._stop_servers)
         self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
@@ -167,6 +182,12 @@ class OtlpSink:
         """Export calls that were answered with success."""
         with self._lock:
             return self._requests
+
+    @property
+    def refused_span_count(self) -> int:
+        """Spans of the export calls answered with a scripted failure."""
+        with self._lock:
+            return self._refused_spans
 
     def clear(self) -> None:
         with self._lock:
@@ -231,6 +252,25 @@ class OtlpSink:
             self._requests += 1
             self._lock.notify_all()
 
+    def _refuse(self, body: bytes) -> None:
+        count = _span_count(body)
+        with self._lock:
+            self._refused_spans += count
+            self._lock.notify_all()
+
+    def _arrived(self, headers: dict[str, str], path: str) -> None:
+        with self._lock:
+            self.headers.append(headers)
+            self.paths.append(path)
+
+    async def _stall(self) -> None:
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        hold = self.hold
+        if hold is not None and not hold.is_set():
+            self.holding.set()
+            await asyncio.to_thread(hold.wait, 30.0)
+
     # ----------------------------------------------------------------- loop
     def _run(self, ready: Future[None]) -> None:
         loop = asyncio.new_event_loop()
@@ -288,17 +328,17 @@ class OtlpSink:
 
     # ------------------------------------------------------------- handlers
     async def _grpc_export(self, body: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-        with self._lock:
-            self.headers.append(
-                {
-                    k: v if isinstance(v, str) else v.decode()
-                    for k, v in context.invocation_metadata() or ()
-                }
-            )
-        if self.delay:
-            await asyncio.sleep(self.delay)
+        self._arrived(
+            {
+                k: v if isinstance(v, str) else v.decode()
+                for k, v in context.invocation_metadata() or ()
+            },
+            f"/{_SERVICE}/Export",
+        )
+        await self._stall()
         failure = self._next_failure()
         if failure is not None:
+            self._refuse(body)
             trailing: tuple[tuple[str, bytes], ...] = ()
             if failure.retry_after is not None:
                 info = _retry_info(failure.retry_after)
@@ -316,12 +356,12 @@ class OtlpSink:
         return response
 
     async def _http_export(self, request: web.Request) -> web.Response:
-        with self._lock:
-            self.headers.append({k.lower(): v for k, v in request.headers.items()})
-        if self.delay:
-            await asyncio.sleep(self.delay)
+        self._arrived({k.lower(): v for k, v in request.headers.items()}, request.path)
+        await self._stall()
         failure = self._next_failure()
         if failure is not None:
+            with contextlib.suppress(Exception):
+                self._refuse(_http_body(await request.read(), request))
             headers = {}
             if failure.retry_after is not None:
                 headers["Retry-After"] = str(max(0, round(failure.retry_after)))
@@ -332,9 +372,7 @@ class OtlpSink:
                 content_type="application/x-protobuf",
                 headers=headers,
             )
-        body = await request.read()
-        if request.headers.get("Content-Encoding", "").lower() == "gzip":
-            body = gzip.decompress(body)
+        body = _http_body(await request.read(), request)
         if request.content_type != "application/x-protobuf":
             return web.Response(status=415, text="sink: protobuf only")
         export = ExportTraceServiceRequest()
@@ -347,6 +385,22 @@ class OtlpSink:
             body=ExportTraceServiceResponse().SerializeToString(),
             content_type="application/x-protobuf",
         )
+
+
+def _http_body(body: bytes, request: web.Request) -> bytes:
+    if request.headers.get("Content-Encoding", "").lower() == "gzip":
+        return gzip.decompress(body)
+    return body
+
+
+def _span_count(body: bytes) -> int:
+    """Spans in an encoded export request; 0 when it does not parse."""
+    request = ExportTraceServiceRequest()
+    try:
+        request.ParseFromString(body)
+    except Exception:
+        return 0
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
 
 
 def _retry_info(seconds: float) -> error_details_pb2.RetryInfo:

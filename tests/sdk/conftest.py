@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,7 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import ragtrace
-from ragtrace import _config, _safety, _session
+from tests.fakes.sdk_state import clean_sdk  # noqa: F401  (autouse fixture)
 
 
 class Recorder:
@@ -42,20 +40,6 @@ class Recorder:
 
     def clear(self) -> None:
         self.exporter.clear()
-
-
-@pytest.fixture(autouse=True)
-def _clean_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key in list(os.environ):
-        if key.startswith(("RAGTRACE_", "OTEL_")):
-            monkeypatch.delenv(key)
-    _config._reset_for_tests()
-    _safety._forget_for_tests()
-    _session._forget_for_tests()
-    yield
-    _config._reset_for_tests()
-    _safety._forget_for_tests()
-    _session._forget_for_tests()
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ import pytest
 
 import ragtrace
 from ragtrace import semconv
-
-from .otlp_sinks import attributes, grpc_sink, http_sink
+from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan, attributes_of
 
 
 @ragtrace.retriever
@@ -29,17 +28,18 @@ def answer(question: str) -> str:
     return "Five days."
 
 
-def _check_trace(spans: list[Any], service: str) -> None:
-    by_name = {span.name: (resource, scope, span) for resource, scope, span in spans}
-    resource, scope, rag_span = by_name["answer"]
-    _, _, retr_span = by_name["search"]
+def _check_trace(spans: list[ReceivedSpan], service: str) -> None:
+    by_name = {received.span.name: received for received in spans}
+    rag_received = by_name["answer"]
+    rag_span, retr_span = rag_received.span, by_name["search"].span
+    resource = attributes_of(rag_received.resource)
     assert resource["service.name"] == service
     assert resource[semconv.RAGTRACE_SDK_VERSION] == ragtrace.__version__
-    assert scope.scope.name == "ragtrace"
+    assert rag_received.scope.name == "ragtrace"
     assert retr_span.parent_span_id == rag_span.span_id
     assert retr_span.trace_id == rag_span.trace_id
 
-    rag = attributes(rag_span.attributes)
+    rag = rag_received.attributes
     assert rag[semconv.RAGTRACE_SPAN_KIND] == "rag"
     assert rag[semconv.INPUT_VALUE] == "How long do refunds take?"
     assert rag[semconv.OUTPUT_VALUE] == "Five days."
@@ -47,7 +47,7 @@ def _check_trace(spans: list[Any], service: str) -> None:
     assert rag[semconv.TURN_INDEX] == 0  # int_value on the wire
     assert json.loads(rag[semconv.REFERENCE_CONTEXT_IDS]) == ["kb-1"]
 
-    retr = attributes(retr_span.attributes)
+    retr = attributes_of(retr_span)
     assert retr[semconv.OPENINFERENCE_SPAN_KIND] == "RETRIEVER"
     assert retr[semconv.GEN_AI_OPERATION_NAME] == "retrieval"
     assert retr["retrieval.documents.0.document.id"] == "kb-1"
@@ -65,77 +65,79 @@ def _run_conversation() -> None:
 
 
 def test_export_over_otlp_http() -> None:
-    with http_sink() as sink:
+    with OtlpSink() as sink:
         ragtrace.configure(
             service_name="svc-http",
-            endpoint=sink.url,
+            endpoint=sink.http_url,
             headers={"Authorization": "Bearer s3cret"},
         )
         _run_conversation()
-        sink.received.wait_for_spans(2)
+        sink.wait_for_spans(2)
         ragtrace.shutdown()
-    assert sink.received.paths[0] == "/v1/traces"
-    headers = sink.received.headers[0]
+    assert sink.paths[0] == "/v1/traces"
+    headers = sink.headers[0]
     assert headers["content-type"] == "application/x-protobuf"
     assert headers["authorization"] == "Bearer s3cret"
-    _check_trace(sink.received.spans(), "svc-http")
+    _check_trace(sink.spans, "svc-http")
 
 
 def test_export_configured_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    with http_sink() as sink:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url)
+    with OtlpSink() as sink:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.http_url)
         monkeypatch.setenv("OTEL_SERVICE_NAME", "svc-from-otel-env")
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-team=otel")
         monkeypatch.setenv("RAGTRACE_HEADERS", "x-team=ragtrace")
         ragtrace.configure()
         _run_conversation()
-        sink.received.wait_for_spans(2)
+        sink.wait_for_spans(2)
         ragtrace.shutdown()
-    assert sink.received.headers[0]["x-team"] == "ragtrace"
-    _check_trace(sink.received.spans(), "svc-from-otel-env")
+    assert sink.headers[0]["x-team"] == "ragtrace"
+    _check_trace(sink.spans, "svc-from-otel-env")
 
 
 def test_export_over_otlp_grpc() -> None:
-    with grpc_sink() as sink:
+    with OtlpSink() as sink:
         ragtrace.configure(
             service_name="svc-grpc",
             protocol="grpc",
-            endpoint=sink.endpoint,
+            endpoint=f"http://{sink.grpc_endpoint}",
             headers={"X-Api-Key": "k-123"},
         )
         _run_conversation()
-        sink.received.wait_for_spans(2)
+        sink.wait_for_spans(2)
         ragtrace.shutdown()
-    assert sink.received.headers[0]["x-api-key"] == "k-123"
-    _check_trace(sink.received.spans(), "svc-grpc")
+    assert sink.headers[0]["x-api-key"] == "k-123"
+    _check_trace(sink.spans, "svc-grpc")
 
 
 def test_backend_errors_never_reach_the_app() -> None:
-    with http_sink(status=500) as sink:
-        ragtrace.configure(service_name="svc", endpoint=sink.url)
+    with OtlpSink() as sink:
+        sink.fail_next(1000, http_status=500)  # every call fails
+        ragtrace.configure(service_name="svc", endpoint=sink.http_url)
         for _ in range(3):
             assert answer("q") == "Five days."
         ragtrace.flush(timeout_seconds=30)
-        sink.received.wait_for_spans(6)
+        sink.wait_until(lambda: sink.refused_span_count >= 6)
         assert answer("after a failed export") == "Five days."
         ragtrace.shutdown()
 
 
 def test_request_path_does_not_wait_on_a_stuck_backend() -> None:
     hold = threading.Event()
-    with http_sink(hold=hold) as sink:
-        ragtrace.configure(service_name="svc", endpoint=sink.url)
+    with OtlpSink() as sink:
+        sink.hold = hold
+        ragtrace.configure(service_name="svc", endpoint=sink.http_url)
         answer("first")
         flusher = threading.Thread(target=ragtrace.flush, kwargs={"timeout_seconds": 30})
         flusher.start()
-        assert sink.in_handler.wait(30), "the export never reached the backend"
+        assert sink.holding.wait(30), "the export never reached the backend"
         # The backend is now holding the export request open.  Requests keep flowing:
         for i in range(50):
             assert answer(f"while stuck {i}") == "Five days."
         assert not hold.is_set()
-        assert sink.received.requests
+        assert sink.headers
         hold.set()
         flusher.join(timeout=30)
         ragtrace.flush(timeout_seconds=30)
-        sink.received.wait_for_spans(2 * 51)
+        sink.wait_for_spans(2 * 51)
         ragtrace.shutdown()

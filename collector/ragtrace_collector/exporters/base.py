@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar
 
-from ragtrace_collector.config import RetryConfig
+from ragtrace_collector.config import ExporterConfig, RetryConfig
 from ragtrace_collector.logs import get_logger
 from ragtrace_collector.otlp import SpanGroup
 from ragtrace_collector.telemetry import Telemetry
@@ -79,23 +79,15 @@ class Exporter(abc.ABC, Generic[_Payload]):
     #: The ``type`` of the config section, e.g. ``"otlp_http"``.
     kind: str = ""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        queue_max_spans: int,
-        on_full: str,
-        max_batch_spans: int,
-        concurrency: int,
-        retry: RetryConfig,
-        telemetry: Telemetry,
-    ) -> None:
+    def __init__(self, name: str, config: ExporterConfig, telemetry: Telemetry) -> None:
+        """``config`` is the exporter's ``exporters.<name>`` section: its queue, retry,
+        ``max_batch_spans`` and ``concurrency`` settings drive this machinery."""
         self.name = name
-        self._max_spans = queue_max_spans
-        self._drop_oldest = on_full == "drop_oldest"
-        self._max_batch = max_batch_spans
-        self._concurrency = concurrency
-        self._retry = retry
+        self._max_spans = config.queue.max_spans
+        self._drop_oldest = config.queue.on_full == "drop_oldest"
+        self._max_batch = config.max_batch_spans
+        self._concurrency = config.concurrency
+        self._retry = config.retry
         self._telemetry = telemetry
         self._log = get_logger("exporter").bind(exporter=name, type=self.kind)
         self._queue: deque[_Batch] = deque()

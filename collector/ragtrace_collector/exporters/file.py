@@ -31,15 +31,7 @@ class FileExporter(Exporter[ExportTraceServiceRequest]):
     kind = "file"
 
     def __init__(self, name: str, config: FileExporterConfig, telemetry: Telemetry) -> None:
-        super().__init__(
-            name,
-            queue_max_spans=config.queue.max_spans,
-            on_full=config.queue.on_full,
-            max_batch_spans=config.max_batch_spans,
-            concurrency=1,
-            retry=config.retry,
-            telemetry=telemetry,
-        )
+        super().__init__(name, config, telemetry)
         self._path = config.path
         self._max_bytes = config.max_bytes
         self._keep = config.keep

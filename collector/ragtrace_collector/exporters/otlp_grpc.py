@@ -72,15 +72,7 @@ class OtlpGrpcExporter(Exporter[bytes]):
     kind = "otlp_grpc"
 
     def __init__(self, name: str, config: OtlpGrpcExporterConfig, telemetry: Telemetry) -> None:
-        super().__init__(
-            name,
-            queue_max_spans=config.queue.max_spans,
-            on_full=config.queue.on_full,
-            max_batch_spans=config.max_batch_spans,
-            concurrency=config.concurrency,
-            retry=config.retry,
-            telemetry=telemetry,
-        )
+        super().__init__(name, config, telemetry)
         self._config = config
         self._target = config.target()
         self._metadata = tuple(config.headers.items())

@@ -69,15 +69,7 @@ class OtlpHttpExporter(Exporter[bytes]):
     kind = "otlp_http"
 
     def __init__(self, name: str, config: OtlpHttpExporterConfig, telemetry: Telemetry) -> None:
-        super().__init__(
-            name,
-            queue_max_spans=config.queue.max_spans,
-            on_full=config.queue.on_full,
-            max_batch_spans=config.max_batch_spans,
-            concurrency=config.concurrency,
-            retry=config.retry,
-            telemetry=telemetry,
-        )
+        super().__init__(name, config, telemetry)
         self._config = config
         self._url = config.traces_url()
         self._gzip = config.compression == "gzip"

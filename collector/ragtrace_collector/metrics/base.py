@@ -38,6 +38,8 @@ __all__ = [
     "average_precision",
     "normalise_verdict",
     "order_by_node",
+    "share_outcome",
+    "with_judge_reason",
 ]
 
 R = TypeVar("R", bound=BaseModel)
@@ -197,6 +199,35 @@ class Outcome:
     @classmethod
     def skip(cls, reason: str, **details: Any) -> Outcome:
         return cls(None, reason, dict(details))
+
+
+def with_judge_reason(reason: str, judge_reason: str) -> str:
+    """``reason``, then ``": <the judge's own reason>"`` when the judge gave one."""
+    judge_reason = judge_reason.strip()
+    return f"{reason}: {judge_reason}" if judge_reason else reason
+
+
+def share_outcome(
+    good: int,
+    total: int,
+    *,
+    details: dict[str, Any],
+    dropped: int,
+    skip_reason: str,
+    reason: str,
+    judge_reason: str,
+) -> Outcome:
+    """The outcome of a verdict-counting metric: ``good / total``.
+
+    ``dropped`` (verdicts that counted neither way) goes into ``details`` as
+    ``dropped_verdicts`` when non-zero.  ``total`` 0 -> skipped with ``skip_reason``;
+    otherwise the reason is ``reason`` followed by the judge's own reason.
+    """
+    if dropped:
+        details["dropped_verdicts"] = dropped
+    if total == 0:
+        return Outcome.skip(skip_reason, **details)
+    return Outcome(good / total, with_judge_reason(reason, judge_reason), details)
 
 
 class MetricBase:

@@ -21,6 +21,7 @@ from ragtrace_collector.metrics.base import (
     blank,
     normalise_verdict,
     plural,
+    share_outcome,
 )
 
 __all__ = ["AnswerRelevancy", "Faithfulness"]
@@ -63,14 +64,15 @@ class Faithfulness(MetricBase):
             ],
             "contradicted": bad,
         }
-        if dropped:
-            details["dropped_verdicts"] = dropped
-        if good + bad == 0:
-            return Outcome.skip("the output yielded no claims to check", **details)
-        reason = f"{bad} of {plural(good + bad, 'claim')} contradicted by the retrieval context"
-        if response.reason.strip():
-            reason += f": {response.reason.strip()}"
-        return Outcome(good / (good + bad), reason, details)
+        return share_outcome(
+            good,
+            good + bad,
+            details=details,
+            dropped=dropped,
+            skip_reason="the output yielded no claims to check",
+            reason=f"{bad} of {plural(good + bad, 'claim')} contradicted by the retrieval context",
+            judge_reason=response.reason,
+        )
 
 
 class AnswerRelevancy(MetricBase):
@@ -102,11 +104,14 @@ class AnswerRelevancy(MetricBase):
             ],
             "irrelevant": bad,
         }
-        if dropped:
-            details["dropped_verdicts"] = dropped
-        if good + bad == 0:
-            return Outcome.skip("the output yielded no statements to judge", **details)
-        reason = f"{good} of {plural(good + bad, 'statement')} of the output relevant to the input"
-        if response.reason.strip():
-            reason += f": {response.reason.strip()}"
-        return Outcome(good / (good + bad), reason, details)
+        return share_outcome(
+            good,
+            good + bad,
+            details=details,
+            dropped=dropped,
+            skip_reason="the output yielded no statements to judge",
+            reason=(
+                f"{good} of {plural(good + bad, 'statement')} of the output relevant to the input"
+            ),
+            judge_reason=response.reason,
+        )

@@ -25,6 +25,7 @@ from ragtrace_collector.metrics.base import (
     blank,
     normalise_verdict,
     order_by_node,
+    with_judge_reason,
 )
 
 __all__ = ["ContextualPrecision", "usefulness_outcome"]
@@ -56,9 +57,7 @@ def usefulness_outcome(response: UsefulnessResponse, node_count: int) -> Outcome
     if sum(relevant):
         first = relevant.index(1) + 1
         reason += f", first at rank {first}; average precision {ap:.3f}"
-    if response.reason.strip():
-        reason += f": {response.reason.strip()}"
-    return Outcome(ap, reason, details)
+    return Outcome(ap, with_judge_reason(reason, response.reason), details)
 
 
 class ContextualPrecision(MetricBase):

@@ -15,6 +15,7 @@ from ragtrace_collector.metrics.base import (
     blank,
     normalise_verdict,
     plural,
+    share_outcome,
 )
 
 __all__ = ["ContextualRecall", "attribution_outcome"]
@@ -31,22 +32,18 @@ def attribution_outcome(response: AttributionResponse, what: str = "expected out
     ]
     yes = sum(1 for v in verdicts if v["verdict"] == "yes")
     no = sum(1 for v in verdicts if v["verdict"] == "no")
-    dropped = len(verdicts) - yes - no
-    details = {"verdicts": verdicts, "attributed": yes, "statements": yes + no}
-    if dropped:
-        details["dropped_verdicts"] = dropped
-    if yes + no == 0:
-        return Outcome.skip(
-            f"the {what} yielded no statements with a yes/no verdict",
-            **details,
-        )
-    reason = (
-        f"{yes} of {plural(yes + no, 'statement')} of the {what} "
-        "attributable to the retrieval context"
+    return share_outcome(
+        yes,
+        yes + no,
+        details={"verdicts": verdicts, "attributed": yes, "statements": yes + no},
+        dropped=len(verdicts) - yes - no,
+        skip_reason=f"the {what} yielded no statements with a yes/no verdict",
+        reason=(
+            f"{yes} of {plural(yes + no, 'statement')} of the {what} "
+            "attributable to the retrieval context"
+        ),
+        judge_reason=response.reason,
     )
-    if response.reason.strip():
-        reason += f": {response.reason.strip()}"
-    return Outcome(yes / (yes + no), reason, details)
 
 
 class ContextualRecall(MetricBase):

@@ -20,6 +20,7 @@ from ragtrace_collector.metrics.base import (
     normalise_verdict,
     order_by_node,
     plural,
+    share_outcome,
 )
 
 __all__ = ["ContextualRelevancy", "relevance_outcome"]
@@ -52,15 +53,15 @@ def relevance_outcome(response: RelevanceResponse, node_count: int) -> Outcome:
                 ],
             }
         )
-    details: dict[str, Any] = {"nodes": per_node, "relevant": yes, "statements": yes + no}
-    if dropped:
-        details["dropped_verdicts"] = dropped
-    if yes + no == 0:
-        return Outcome.skip("the retrieved nodes yielded no statements to judge", **details)
-    reason = f"{yes} of {plural(yes + no, 'retrieved statement')} relevant to the input"
-    if response.reason.strip():
-        reason += f": {response.reason.strip()}"
-    return Outcome(yes / (yes + no), reason, details)
+    return share_outcome(
+        yes,
+        yes + no,
+        details={"nodes": per_node, "relevant": yes, "statements": yes + no},
+        dropped=dropped,
+        skip_reason="the retrieved nodes yielded no statements to judge",
+        reason=f"{yes} of {plural(yes + no, 'retrieved statement')} relevant to the input",
+        judge_reason=response.reason,
+    )
 
 
 class ContextualRelevancy(MetricBase):

@@ -151,8 +151,6 @@ class GrpcReceiver:
                     ),
                 ),
             )
-        if split.rejected_spans:
-            self._telemetry.spans_refused.labels(_RECEIVER, "invalid_id").inc(split.rejected_spans)
         response: bytes = export_response(
             split.rejected_spans, split.error_message
         ).SerializeToString()

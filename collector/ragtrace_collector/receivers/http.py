@@ -218,8 +218,6 @@ class HttpReceiver:
                 as_json,
                 {"Retry-After": str(seconds)},
             )
-        if split.rejected_spans:
-            self._telemetry.spans_refused.labels(_RECEIVER, "invalid_id").inc(split.rejected_spans)
         return self._encode(
             200, export_response(split.rejected_spans, split.error_message), as_json
         )
