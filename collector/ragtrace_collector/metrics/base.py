@@ -15,6 +15,7 @@ Cancellation (a per-metric timeout in the collector) propagates untouched.
 
 from __future__ import annotations
 
+import abc
 import math
 import re
 from collections.abc import Sequence
@@ -230,7 +231,7 @@ def share_outcome(
     return Outcome(good / total, with_judge_reason(reason, judge_reason), details)
 
 
-class MetricBase:
+class MetricBase(abc.ABC):
     """Shared machinery of the built-in metrics.  Subclasses set the class
     attributes and implement :meth:`missing_inputs` and :meth:`_score`."""
 
@@ -245,11 +246,13 @@ class MetricBase:
         return f"{type(self).__name__}({self.options!r})"
 
     # -- to implement ---------------------------------------------------------
+    @abc.abstractmethod
     def missing_inputs(self, case: RAGCase) -> str | None:
-        raise NotImplementedError  # pragma: no cover - every subclass overrides
+        """Why ``case`` cannot be scored (the skip reason), or None."""
 
+    @abc.abstractmethod
     async def _score(self, case: RAGCase, run: Run) -> Outcome:
-        raise NotImplementedError  # pragma: no cover - every subclass overrides
+        """Score a case whose inputs are present."""
 
     # -- the contract ---------------------------------------------------------
     async def measure(self, case: RAGCase, judge: Judge | None) -> MetricResult:

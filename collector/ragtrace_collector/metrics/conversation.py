@@ -24,6 +24,7 @@ and over the whole conversation that equals :meth:`measure_conversation`.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -128,13 +129,18 @@ class _TurnMetric(MetricBase):
     def missing_inputs(self, case: RAGCase) -> str | None:
         return f"{self.name} scores conversations, not single cases"
 
+    async def _score(self, case: RAGCase, run: Run) -> Outcome:
+        # Reached only if missing_inputs stopped skipping single cases.
+        return Outcome.skip(f"{self.name} scores conversations, not single cases")
+
     def missing_conversation_inputs(self, conv: Conversation) -> str | None:
         if self.needs_expected_outcome and blank(conv.expected_outcome):
             return "no expected_outcome"
         return None
 
+    @abc.abstractmethod
     async def _score_window(self, conv: Conversation, window: Window, run: Run) -> Outcome:
-        raise NotImplementedError  # pragma: no cover - every subclass overrides
+        """Score one window that has retrieval context."""
 
     async def _window(self, conv: Conversation, window: Window, run: Run) -> Outcome:
         if not window.contexts:

@@ -8,6 +8,7 @@ outside [0, 1], a missing key or unparseable JSON is a judge error, never a sile
 
 from __future__ import annotations
 
+import abc
 from typing import ClassVar, Literal
 
 from ragtrace_collector.cases import RAGCase
@@ -27,8 +28,9 @@ class _Rubric(MetricBase):
             return "no retrieval_context captured"
         return self._missing_reference(case)
 
+    @abc.abstractmethod
     def _missing_reference(self, case: RAGCase) -> str | None:
-        raise NotImplementedError  # pragma: no cover - both subclasses override
+        """Why the case lacks the reference this rubric needs, or None."""
 
     async def _score(self, case: RAGCase, run: Run) -> Outcome:
         assert case.input is not None
