@@ -100,26 +100,20 @@ def _from_str(doc: Any) -> DocumentRecord:
     return DocumentRecord(None, doc, None, None)
 
 
+def _first(get: Any, keys: tuple[str, ...]) -> Any:
+    """The value of the first of ``keys`` that is present and not None."""
+    for key in keys:
+        value = get(key)
+        if value is not None:
+            return value
+    return None
+
+
 def _from_mapping(doc: Any) -> DocumentRecord:
     get = doc.get
-    doc_id = None
-    for key in _ID_KEYS:
-        value = get(key)
-        if value is not None:
-            doc_id = value
-            break
-    content = None
-    for key in _CONTENT_KEYS:
-        value = get(key)
-        if value is not None:
-            content = value
-            break
-    score = None
-    for key in _SCORE_KEYS:
-        value = get(key)
-        if value is not None:
-            score = value
-            break
+    doc_id = _first(get, _ID_KEYS)
+    content = _first(get, _CONTENT_KEYS)
+    score = _first(get, _SCORE_KEYS)
     metadata = get("metadata")
     if metadata is None:
         metadata = get("meta")

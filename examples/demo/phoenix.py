@@ -23,7 +23,13 @@ import aiohttp
 from examples.demo.processes import ChildProcess, tail
 from ragtrace import semconv
 
-__all__ = ["PHOENIX_PYTHON_ENV", "PhoenixError", "PhoenixProcess", "phoenix_python"]
+__all__ = [
+    "PHOENIX_PYTHON_ENV",
+    "PhoenixError",
+    "PhoenixProcess",
+    "phoenix_env",
+    "phoenix_python",
+]
 
 PHOENIX_PYTHON_ENV = "RAGTRACE_PHOENIX_PYTHON"
 _STARTUP_TIMEOUT = 240.0
@@ -44,6 +50,25 @@ def phoenix_python(root: Path) -> Path:
             "`bash scripts/demo.sh --phoenix` installs it into .venv-phoenix"
         )
     return python
+
+
+def phoenix_env(working_dir: Path, port: int, grpc_port: int) -> dict[str, str]:
+    """The environment of a Phoenix server on loopback: our ports and working dir,
+    telemetry and every outbound feature off, no inherited ``PHOENIX_*``/``OTEL_*``."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("PHOENIX_", "OTEL_"))},
+        "PHOENIX_WORKING_DIR": str(working_dir),
+        "PHOENIX_HOST": "127.0.0.1",
+        "PHOENIX_PORT": str(port),
+        "PHOENIX_GRPC_PORT": str(grpc_port),
+        "PHOENIX_TELEMETRY_ENABLED": "false",
+        "PHOENIX_ALLOW_EXTERNAL_RESOURCES": "false",
+        "PHOENIX_DISABLE_AGENT_ASSISTANT": "true",
+        "PHOENIX_ENABLE_MCP_SERVER": "false",
+        "PHOENIX_AGENTS_DISABLE_WEB_ACCESS": "true",
+        "PHOENIX_AGENTS_DISABLE_BASH": "true",
+        "PHOENIX_AGENTS_DISABLE_GITHUB": "true",
+    }
 
 
 def _free_port() -> int:
@@ -83,20 +108,7 @@ class PhoenixProcess:
     def launch(self) -> None:
         """Start the server process (returns at once; see :meth:`wait_ready`)."""
         self.working_dir.mkdir(parents=True, exist_ok=True)
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("PHOENIX_", "OTEL_"))},
-            "PHOENIX_WORKING_DIR": str(self.working_dir),
-            "PHOENIX_HOST": "127.0.0.1",
-            "PHOENIX_PORT": str(self.port),
-            "PHOENIX_GRPC_PORT": str(self.grpc_port),
-            "PHOENIX_TELEMETRY_ENABLED": "false",
-            "PHOENIX_ALLOW_EXTERNAL_RESOURCES": "false",
-            "PHOENIX_DISABLE_AGENT_ASSISTANT": "true",
-            "PHOENIX_ENABLE_MCP_SERVER": "false",
-            "PHOENIX_AGENTS_DISABLE_WEB_ACCESS": "true",
-            "PHOENIX_AGENTS_DISABLE_BASH": "true",
-            "PHOENIX_AGENTS_DISABLE_GITHUB": "true",
-        }
+        env = phoenix_env(self.working_dir, self.port, self.grpc_port)
         self._process = ChildProcess(
             "phoenix",
             [str(self.python), "-m", "phoenix.server.main", "serve"],

@@ -1,9 +1,10 @@
 """A real Arize Phoenix server on loopback, for tests (session-scoped fixture ``phoenix``).
 
 Phoenix lives in its own venv (``RAGTRACE_PHOENIX_PYTHON``, default
-``/work/main/.venv-phoenix/bin/python``).  The server runs as
-``python -m phoenix.server.main serve`` with free ports, a temporary working dir
-(SQLite inside), telemetry and every outbound feature off, bound to 127.0.0.1.
+``<repo>/.venv-phoenix/bin/python``).  The server runs as
+``python -m phoenix.server.main serve`` with free ports and a temporary working dir
+(SQLite inside); its environment is the demo's (:func:`examples.demo.phoenix.phoenix_env`):
+telemetry and every outbound feature off, bound to 127.0.0.1.
 
 Use it from any test package by importing the fixture into a conftest or test module::
 
@@ -35,14 +36,20 @@ from typing import Any
 
 import pytest
 
+from examples.demo.phoenix import PhoenixError, phoenix_env
+from examples.demo.phoenix import phoenix_python as _phoenix_python
+
 __all__ = ["PhoenixServer", "phoenix", "phoenix_python", "start_phoenix"]
 
-_DEFAULT_PYTHON = "/work/main/.venv-phoenix/bin/python"
+_ROOT = Path(__file__).resolve().parents[2]
 _STARTUP_TIMEOUT = 180.0
 
 
 def phoenix_python() -> str:
-    return os.environ.get("RAGTRACE_PHOENIX_PYTHON") or _DEFAULT_PYTHON
+    try:
+        return str(_phoenix_python(_ROOT))
+    except PhoenixError as exc:
+        raise RuntimeError(f"{exc} (or set RAGTRACE_PHOENIX_PYTHON)") from None
 
 
 def _free_port() -> int:
@@ -118,23 +125,8 @@ class PhoenixServer:
 def start_phoenix(working_dir: Path) -> PhoenixServer:
     """Start Phoenix and wait until it answers; the caller must stop ``process``."""
     python = phoenix_python()
-    if not Path(python).exists():
-        raise RuntimeError(f"Phoenix python not found at {python} (set RAGTRACE_PHOENIX_PYTHON)")
     port, grpc_port = _free_port(), _free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("PHOENIX_", "OTEL_"))},
-        "PHOENIX_WORKING_DIR": str(working_dir),
-        "PHOENIX_HOST": "127.0.0.1",
-        "PHOENIX_PORT": str(port),
-        "PHOENIX_GRPC_PORT": str(grpc_port),
-        "PHOENIX_TELEMETRY_ENABLED": "false",
-        "PHOENIX_ALLOW_EXTERNAL_RESOURCES": "false",
-        "PHOENIX_DISABLE_AGENT_ASSISTANT": "true",
-        "PHOENIX_ENABLE_MCP_SERVER": "false",
-        "PHOENIX_AGENTS_DISABLE_WEB_ACCESS": "true",
-        "PHOENIX_AGENTS_DISABLE_BASH": "true",
-        "PHOENIX_AGENTS_DISABLE_GITHUB": "true",
-    }
+    env = phoenix_env(working_dir, port, grpc_port)
     log_path = working_dir / "phoenix.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
