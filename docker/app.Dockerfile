@@ -18,10 +18,10 @@ WORKDIR /src
 # The SDK plus the "examples" dependency group (rank-bm25, litellm), as locked in uv.lock.
 COPY pyproject.toml uv.lock README.md ./
 COPY collector/pyproject.toml collector/pyproject.toml
-RUN uv sync --frozen --no-dev --group examples --package ragtrace --no-install-workspace \
+RUN uv sync --frozen --no-dev --group examples --package ragtrace-sdk --no-install-workspace \
         --python /usr/local/bin/python3.11
 COPY ragtrace ragtrace
-RUN uv sync --frozen --no-dev --group examples --package ragtrace --no-editable \
+RUN uv sync --frozen --no-dev --group examples --package ragtrace-sdk --no-editable \
         --python /usr/local/bin/python3.11
 
 FROM ${PYTHON_IMAGE}

@@ -392,7 +392,7 @@ def _make_exporter(options: _ExportOptions) -> SpanExporter:
         except ImportError as exc:
             raise ConfigurationError(
                 "protocol='grpc' needs the gRPC exporter, which is an optional extra: "
-                "pip install 'ragtrace[grpc]'"
+                "pip install 'ragtrace-sdk[grpc]'"
             ) from exc
         # gRPC metadata keys must be lowercase.
         metadata = {key.lower(): value for key, value in options.headers.items()}
@@ -479,7 +479,7 @@ def configure(
         endpoint: OTLP endpoint.  For ``http/protobuf`` a base URL such as
             ``http://collector:4318``; ``/v1/traces`` is appended unless already there.
             For ``grpc``: ``http://host:4317`` (plaintext) or ``https://host:4317`` (TLS).
-        protocol: ``"http/protobuf"`` (default) or ``"grpc"`` (needs ``ragtrace[grpc]``).
+        protocol: ``"http/protobuf"`` (default) or ``"grpc"`` (needs ``ragtrace-sdk[grpc]``).
         headers: extra export headers, e.g. ``{"authorization": "Bearer …"}``.
         sample_rate: fraction of traces recorded, 0..1 (parent-based, trace-id ratio).
         capture_content: record text (inputs, outputs, document contents and metadata).

@@ -20,6 +20,7 @@ __all__ = ["CONTENT_TYPE_LATEST", "SCORE_BUCKETS", "Telemetry"]
 #: _sum/_count) and a rough distribution.
 SCORE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _JUDGE_LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
 
@@ -164,6 +165,28 @@ class Telemetry:
             "ragtrace_alert_notifications",
             "Alert notifications sent, by notifier and outcome.",
             ["notifier", "outcome"],
+            registry=r,
+        )
+
+        # ---------------------------------------------------------- components
+        self.component_status = Gauge(
+            "ragtrace_component_status",
+            "1 for each component's current status (starting, ok, recoverable_error, "
+            "permanent_error, stopping, stopped), 0 for the others.",
+            ["component", "status"],
+            registry=r,
+        )
+        self.component_failures = Counter(
+            "ragtrace_component_failures",
+            "Unexpected exceptions in a component's background task (each was logged and the "
+            "task restarted).",
+            ["component"],
+            registry=r,
+        )
+        self.event_loop_lag = Histogram(
+            "ragtrace_event_loop_lag_seconds",
+            "How late the event loop ran a timer it was asked to run: work that blocked it.",
+            buckets=_LOOP_LAG_BUCKETS,
             registry=r,
         )
 

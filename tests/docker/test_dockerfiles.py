@@ -114,12 +114,12 @@ def _uv_syncs(dockerfile: Path) -> list[list[str]]:
 
 _COLLECTOR_PLAN = (
     DOCKER / "collector.Dockerfile",
-    ["ragtrace-collector", "ragtrace", "litellm", "grpcio"],
+    ["ragtrace-collector", "ragtrace-sdk", "litellm", "grpcio"],
     ["pytest", "rank-bm25"],
 )
 _APP_PLAN = (
     DOCKER / "app.Dockerfile",
-    ["ragtrace", "rank-bm25", "litellm"],
+    ["ragtrace-sdk", "rank-bm25", "litellm"],
     ["pytest", "ragtrace-collector"],
 )
 

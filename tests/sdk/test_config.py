@@ -168,7 +168,7 @@ def test_tracer_provider_conflicts_with_export_options() -> None:
 
 def test_grpc_without_the_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter", None)
-    with pytest.raises(ConfigurationError, match=r"pip install 'ragtrace\[grpc\]'"):
+    with pytest.raises(ConfigurationError, match=r"pip install 'ragtrace-sdk\[grpc\]'"):
         ragtrace.configure(protocol="grpc", endpoint="http://127.0.0.1:1")
 
 
