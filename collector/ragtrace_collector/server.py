@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ragtrace_collector.admin import AdminServer
+from ragtrace_collector.component import ComponentHost, Supervisor
 from ragtrace_collector.config import CollectorConfig, ConfigError, load_config
 from ragtrace_collector.exporters import Exporter, build_exporter
 from ragtrace_collector.logs import configure_logging, get_logger
@@ -54,6 +55,10 @@ class CollectorService:
     ) -> None:
         self.config = config
         self.telemetry = telemetry if telemetry is not None else Telemetry()
+        #: Every long-lived part registers here; health and readiness read their statuses.
+        self.host = ComponentHost(self.telemetry)
+        #: Runs every background task of every part: logs, counts and restarts failures.
+        self.supervisor = Supervisor(self.host)
         self._log = get_logger("service")
         #: The evaluation stage, unless a processor was given or evaluation is off.
         self.stage: EvaluationStage | None = None
