@@ -21,7 +21,8 @@ Attribute names: :mod:`ragtrace.semconv`.
 from __future__ import annotations
 
 from ragtrace import semconv
-from ragtrace._config import ConfigurationError, configure, flush, shutdown
+from ragtrace._config import ConfigurationError, configure, flush, shutdown, stats
+from ragtrace._export import ExportStats
 from ragtrace._instrument import generator, rag, reranker, retriever
 from ragtrace._reference import set_reference
 from ragtrace._session import Session, session
@@ -29,6 +30,7 @@ from ragtrace._version import __version__
 
 __all__ = [
     "ConfigurationError",
+    "ExportStats",
     "Session",
     "__version__",
     "configure",
@@ -41,4 +43,5 @@ __all__ = [
     "session",
     "set_reference",
     "shutdown",
+    "stats",
 ]

@@ -17,6 +17,7 @@ option                 RAGTRACE_*                    OTEL_*
 ``sample_rate``        RAGTRACE_SAMPLE_RATE          OTEL_TRACES_SAMPLER(+ _ARG)
 ``capture_content``    RAGTRACE_CAPTURE_CONTENT
 ``max_content_chars``  RAGTRACE_MAX_CONTENT_CHARS
+``max_queue_bytes``    RAGTRACE_MAX_QUEUE_BYTES
 ``enabled``            RAGTRACE_ENABLED              OTEL_SDK_DISABLED
 =====================  ============================  =====================================
 
@@ -27,7 +28,10 @@ API's no-op tracer makes every decorated call a cheap pass-through.  The content
 are honoured in that mode too.
 
 ``configure()`` builds its own ``TracerProvider`` (it does not replace the global one),
-with a ``BatchSpanProcessor``, so the request path never waits on the network.
+with ragtrace's :class:`~ragtrace._export.ExportQueue` as its span processor: the request
+path never waits on the network, the queue is bounded by memory rather than by a span
+count, and every span it has to drop is counted (:func:`stats`), reported by
+:func:`flush` and logged.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ from ragtrace._version import __version__
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
+    from ragtrace._export import ExportStats
+
 __all__ = [
     "DEFAULT_MAX_CONTENT_CHARS",
     "RUNTIME",
@@ -58,6 +64,7 @@ __all__ = [
     "configure",
     "flush",
     "shutdown",
+    "stats",
 ]
 
 DEFAULT_MAX_CONTENT_CHARS = 10_000
@@ -71,6 +78,8 @@ _HTTP_TRACES_PATH = "/v1/traces"
 #: that returned more than ~30 documents.
 _SPAN_ATTRIBUTE_LIMIT = 1024
 _TRACER_NAME = "ragtrace"
+#: How long flush() and shutdown() wait by default (also at interpreter exit).
+DEFAULT_TIMEOUT_S = 5.0
 
 
 class ConfigurationError(ValueError):
@@ -92,7 +101,7 @@ class Settings:
 class _Runtime:
     """The current settings plus the provider ragtrace owns (if it built one)."""
 
-    __slots__ = ("lock", "owned_provider", "settings", "user_provider")
+    __slots__ = ("export_queue", "lock", "owned_provider", "settings", "user_provider")
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -101,6 +110,8 @@ class _Runtime:
         self.owned_provider: Any = None
         #: a provider passed as tracer_provider=; ragtrace flushes it, never shuts it down
         self.user_provider: Any = None
+        #: the span processor of owned_provider (for stats())
+        self.export_queue: Any = None
 
 
 # ------------------------------------------------------------------ env parsing
@@ -165,6 +176,40 @@ def _check_max_chars(name: str, value: object) -> int:
         raise ConfigurationError(
             f"{name} must be a non-negative integer (0 = no limit), got {value!r}"
         )
+    return value
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "KIB": 1024,
+    "MIB": 1024**2,
+    "GIB": 1024**3,
+}
+
+
+def _parse_size(name: str, text: str) -> int:
+    """A byte count: ``67108864``, ``64MiB``, ``512 KB``."""
+    stripped = text.strip().upper().replace(" ", "")
+    digits = stripped.rstrip("KMGIB")
+    unit = stripped[len(digits) :]
+    try:
+        number = float(digits)
+    except ValueError:
+        number = -1.0
+    if unit not in _SIZE_UNITS or number <= 0 or math.isinf(number):
+        raise ConfigurationError(
+            f"{name}={text!r}: expected a positive size in bytes, e.g. 67108864 or 64MiB"
+        )
+    return _check_queue_bytes(name, int(number * _SIZE_UNITS[unit]))
+
+
+def _check_queue_bytes(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1024:
+        raise ConfigurationError(f"{name} must be a whole number of bytes >= 1024, got {value!r}")
     return value
 
 
@@ -245,6 +290,7 @@ class _ExportOptions:
     protocol: str
     headers: dict[str, str]
     sample_rate: float
+    max_queue_bytes: int
 
 
 def _resolve_protocol(protocol: str | None) -> str:
@@ -369,6 +415,7 @@ def _resolve_export(
     protocol: str | None,
     headers: Mapping[str, str] | None,
     sample_rate: float | None,
+    max_queue_bytes: int | None,
 ) -> _ExportOptions:
     resolved_protocol = _resolve_protocol(protocol)
     return _ExportOptions(
@@ -377,7 +424,18 @@ def _resolve_export(
         protocol=resolved_protocol,
         headers=_resolve_headers(headers),
         sample_rate=_resolve_sample_rate(sample_rate),
+        max_queue_bytes=_resolve_queue_bytes(max_queue_bytes),
     )
+
+
+def _resolve_queue_bytes(max_queue_bytes: int | None) -> int:
+    from ragtrace._export import DEFAULT_MAX_QUEUE_BYTES
+
+    if max_queue_bytes is not None:
+        return _check_queue_bytes("max_queue_bytes", max_queue_bytes)
+    if (value := _env("RAGTRACE_MAX_QUEUE_BYTES")) is not None:
+        return _parse_size("RAGTRACE_MAX_QUEUE_BYTES", value)
+    return DEFAULT_MAX_QUEUE_BYTES
 
 
 # --------------------------------------------------------------- construction
@@ -404,15 +462,15 @@ def _make_exporter(options: _ExportOptions) -> SpanExporter:
     return HttpExporter(endpoint=options.endpoint, headers=options.headers or None)
 
 
-def _make_provider(options: _ExportOptions) -> Any:
+def _make_provider(options: _ExportOptions) -> tuple[Any, Any]:
+    """A tracer provider and its export queue."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
-    from ragtrace._export import GuardedExporter
+    from ragtrace._export import ExportQueue
 
-    exporter = GuardedExporter(_make_exporter(options))
+    queue = ExportQueue(_make_exporter(options), max_queue_bytes=options.max_queue_bytes)
     resource_attrs: dict[str, str] = {semconv.RAGTRACE_SDK_VERSION: __version__}
     if options.service_name is not None:
         resource_attrs[SERVICE_NAME] = options.service_name
@@ -425,8 +483,8 @@ def _make_provider(options: _ExportOptions) -> Any:
         span_limits=limits,
         shutdown_on_exit=False,  # ragtrace registers one atexit handler for the current one
     )
-    provider.add_span_processor(BatchSpanProcessor(exporter))
-    return provider
+    provider.add_span_processor(queue)
+    return provider, queue
 
 
 def _settings_from(content: _ContentOptions, tracer: trace_api.Tracer) -> Settings:
@@ -471,6 +529,7 @@ def configure(
     redact: Callable[[str], str] | None = None,
     tracer_provider: trace_api.TracerProvider | None = None,
     enabled: bool | None = None,
+    max_queue_bytes: int | None = None,
 ) -> None:
     """Set up ragtrace.  Safe to call again: the new settings replace the old ones.
 
@@ -491,6 +550,8 @@ def configure(
             resource are then that provider's business (passing ``endpoint``,
             ``protocol``, ``headers``, ``sample_rate`` or ``service_name`` too is an error).
         enabled: ``False`` turns every decorator into a direct call of the function.
+        max_queue_bytes: memory the export queue may hold (estimated) before it drops
+            spans; default 64 MiB.  Spans are never dropped silently: see :func:`stats`.
 
     Raises:
         ConfigurationError: a bad argument or environment variable.  This is the only
@@ -504,6 +565,7 @@ def configure(
     )
     new_owned: Any = None
     new_user: Any = None
+    new_queue: Any = None
     if tracer_provider is not None:
         given = {
             "service_name": service_name,
@@ -511,6 +573,7 @@ def configure(
             "protocol": protocol,
             "headers": headers,
             "sample_rate": sample_rate,
+            "max_queue_bytes": max_queue_bytes,
         }
         conflicting = sorted(name for name, value in given.items() if value is not None)
         if conflicting:
@@ -531,8 +594,9 @@ def configure(
             protocol=protocol,
             headers=headers,
             sample_rate=sample_rate,
+            max_queue_bytes=max_queue_bytes,
         )
-        new_owned = _make_provider(options)
+        new_owned, new_queue = _make_provider(options)
         tracer = new_owned.get_tracer(_TRACER_NAME, __version__)
     else:
         # Validate the export options even when disabled: a typo should fail now,
@@ -543,23 +607,31 @@ def configure(
             protocol=protocol,
             headers=headers,
             sample_rate=sample_rate,
+            max_queue_bytes=max_queue_bytes,
         )
         tracer = trace_api.NoOpTracer()
 
     with RUNTIME.lock:
         old_owned = RUNTIME.owned_provider
+        old_queue = RUNTIME.export_queue
         RUNTIME.owned_provider = new_owned
         RUNTIME.user_provider = new_user
+        RUNTIME.export_queue = new_queue
         RUNTIME.settings = _settings_from(content, tracer)
     if old_owned is not None and old_owned is not new_owned:
-        _shutdown_provider(old_owned)
+        _shutdown_provider(old_owned, old_queue)
 
 
-def _shutdown_provider(provider: Any) -> None:
+def _shutdown_provider(
+    provider: Any, queue: Any = None, timeout: float = DEFAULT_TIMEOUT_S
+) -> None:
+    """Stop ``provider``; its export queue first, within ``timeout`` seconds."""
     try:
+        if queue is not None:
+            queue.shutdown(int(timeout * 1000))
         provider.shutdown()
     except Exception as exc:
-        report("shutting down the previous tracer provider", exc)
+        report("shutting down the tracer provider", exc)
 
 
 def _flushable_provider() -> Any:
@@ -570,30 +642,45 @@ def _flushable_provider() -> Any:
     return trace_api.get_tracer_provider()
 
 
-def flush(timeout_seconds: float = 30.0) -> bool:
-    """Export every finished span now; True when everything was exported in time.
+def _check_timeout(timeout: float) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        report("flush/shutdown", ValueError(f"timeout must be seconds >= 0, got {timeout!r}"))
+        return DEFAULT_TIMEOUT_S
+    return float(timeout)
 
-    Never raises.  Blocks up to ``timeout_seconds``: call it at the end of a batch job or
-    a test, not on the request path.
+
+def flush(timeout: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Export every finished span now.
+
+    Returns True only when everything was exported within ``timeout`` seconds *and* no
+    span finished since the previous flush was dropped (a full queue, a collector that
+    refused or could not be reached); :func:`stats` says how many and why.  Never raises.
+    Blocks up to ``timeout``: call it at the end of a batch job or a test, not on the
+    request path.
     """
     try:
+        seconds = _check_timeout(timeout)
         provider = _flushable_provider()
         force_flush = getattr(provider, "force_flush", None)
         if force_flush is None:
             return True
-        return bool(force_flush(int(timeout_seconds * 1000)))
+        return bool(force_flush(int(seconds * 1000)))
     except Exception as exc:
         report("flush", exc)
         return False
 
 
-def shutdown() -> None:
-    """Flush and stop: the provider ragtrace built is shut down (a ``tracer_provider``
-    you passed is only flushed), and the decorators become direct calls until the next
-    ``configure()``.  Never raises."""
+def shutdown(timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """Flush and stop, in at most ``timeout`` seconds (default 5): the provider ragtrace
+    built is shut down (a ``tracer_provider`` you passed is only flushed), and the
+    decorators become direct calls until the next ``configure()``.  Spans still queued
+    when the time is up are dropped, counted and logged; a dead collector never delays
+    the app's exit by more than ``timeout``.  Never raises."""
     try:
+        seconds = _check_timeout(timeout)
         with RUNTIME.lock:
             owned, user = RUNTIME.owned_provider, RUNTIME.user_provider
+            queue = RUNTIME.export_queue
             RUNTIME.owned_provider = None
             RUNTIME.user_provider = None
             old = RUNTIME.settings
@@ -605,17 +692,35 @@ def shutdown() -> None:
                 redact=old.redact,
             )
         if owned is not None:
-            owned.shutdown()
+            _shutdown_provider(owned, queue, seconds)
         elif user is not None and callable(getattr(user, "force_flush", None)):
-            user.force_flush()
+            user.force_flush(int(seconds * 1000))
     except Exception as exc:
         report("shutdown", exc)
+
+
+def stats() -> ExportStats:
+    """What the export queue of the provider ``configure()`` built has done so far.
+
+    ``spans_exported``, ``spans_dropped`` by cause (``queue_full``, ``export_failed``,
+    ``shutdown``), and what is queued now.  After ``shutdown()`` it keeps the last
+    figures.  With a ``tracer_provider`` of your own, or before ``configure()``, export
+    is that provider's business and every count is 0.
+    """
+    from ragtrace._export import ExportStats
+
+    try:
+        queue = RUNTIME.export_queue
+        return queue.stats() if queue is not None else ExportStats()
+    except Exception as exc:
+        report("stats", exc)
+        return ExportStats()
 
 
 def _at_exit() -> None:
     owned = RUNTIME.owned_provider
     if owned is not None:
-        _shutdown_provider(owned)
+        _shutdown_provider(owned, RUNTIME.export_queue)
 
 
 atexit.register(_at_exit)
@@ -624,9 +729,10 @@ atexit.register(_at_exit)
 def _reset_for_tests() -> None:
     """Back to the state before any configure() (tests only)."""
     with RUNTIME.lock:
-        owned = RUNTIME.owned_provider
+        owned, queue = RUNTIME.owned_provider, RUNTIME.export_queue
         RUNTIME.owned_provider = None
         RUNTIME.user_provider = None
+        RUNTIME.export_queue = None
         RUNTIME.settings = _initial_settings()
     if owned is not None:
-        _shutdown_provider(owned)
+        _shutdown_provider(owned, queue)

@@ -30,6 +30,7 @@ def _export(**kwargs: Any) -> Any:
         "protocol": None,
         "headers": None,
         "sample_rate": None,
+        "max_queue_bytes": None,
     }
     args.update(kwargs)
     return _config._resolve_export(**args)

@@ -61,7 +61,7 @@ def _check_trace(spans: list[ReceivedSpan], service: str) -> None:
 def _run_conversation() -> None:
     with ragtrace.session("conv-7", user_id="u-1"):
         assert answer("How long do refunds take?") == "Five days."
-    assert ragtrace.flush(timeout_seconds=30) is True
+    assert ragtrace.flush(timeout=30) is True
 
 
 def test_export_over_otlp_http() -> None:
@@ -116,7 +116,7 @@ def test_backend_errors_never_reach_the_app() -> None:
         ragtrace.configure(service_name="svc", endpoint=sink.http_url)
         for _ in range(3):
             assert answer("q") == "Five days."
-        ragtrace.flush(timeout_seconds=30)
+        ragtrace.flush(timeout=30)
         sink.wait_until(lambda: sink.refused_span_count >= 6)
         assert answer("after a failed export") == "Five days."
         ragtrace.shutdown()
@@ -128,7 +128,7 @@ def test_request_path_does_not_wait_on_a_stuck_backend() -> None:
         sink.hold = hold
         ragtrace.configure(service_name="svc", endpoint=sink.http_url)
         answer("first")
-        flusher = threading.Thread(target=ragtrace.flush, kwargs={"timeout_seconds": 30})
+        flusher = threading.Thread(target=ragtrace.flush, kwargs={"timeout": 30})
         flusher.start()
         assert sink.holding.wait(30), "the export never reached the backend"
         # The backend is now holding the export request open.  Requests keep flowing:
@@ -138,6 +138,6 @@ def test_request_path_does_not_wait_on_a_stuck_backend() -> None:
         assert sink.headers
         hold.set()
         flusher.join(timeout=30)
-        ragtrace.flush(timeout_seconds=30)
+        ragtrace.flush(timeout=30)
         sink.wait_for_spans(2 * 51)
         ragtrace.shutdown()

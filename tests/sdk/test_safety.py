@@ -14,7 +14,7 @@ from opentelemetry.trace import StatusCode
 
 import ragtrace
 from ragtrace import semconv
-from ragtrace._export import GuardedExporter
+from ragtrace._export import ExportQueue
 
 from .conftest import Recorder
 
@@ -181,17 +181,30 @@ class _RaisingExporter(SpanExporter):
         raise RuntimeError("shutdown failed too")
 
 
-def test_guarded_exporter_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+def test_raising_exporter_is_contained_logged_once_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
     inner = _RaisingExporter()
-    guarded = GuardedExporter(inner)
+    queue = ExportQueue(inner, schedule_delay=0.01)
+    provider = TracerProvider()
+    provider.add_span_processor(queue)
+    tracer = provider.get_tracer("t")
     with caplog.at_level(logging.WARNING, logger="ragtrace"):
-        assert guarded.export([]) is SpanExportResult.FAILURE
-        assert guarded.export([]) is SpanExportResult.FAILURE
-        guarded.shutdown()
+        with tracer.start_as_current_span("one"):
+            pass
+        assert queue.force_flush(5_000) is False
+        with tracer.start_as_current_span("two"):
+            pass
+        assert queue.force_flush(5_000) is False
+        queue.shutdown(1_000)
     assert inner.calls == 2
+    assert queue.stats().spans_dropped == {"export_failed": 2}
     messages = [r.getMessage() for r in _ragtrace_records(caplog)]
-    assert len(messages) == 2
-    assert "span export failed (ConnectionError: backend unreachable)" in messages[0]
+    assert any("span export failed (ConnectionError: backend unreachable)" in m for m in messages)
+    assert sum("span export failed" in m for m in messages) == 1
+    assert sum("exporter shutdown failed" in m for m in messages) == 1
 
 
 def test_sdk_never_configures_logging() -> None:
