@@ -91,9 +91,29 @@ def _metadata_id(metadata: Any) -> str | None:
     if isinstance(metadata, Mapping):
         for key in _ID_KEYS:
             value = metadata.get(key)
-            if value is not None:
+            if value is not None and value != "":
                 return _as_id(value)
     return None
+
+
+def _metadata_score(metadata: Any) -> float | None:
+    """A reranker's score kept in metadata (LangChain's Cohere and FlashRank rerankers
+    write ``metadata["relevance_score"]``)."""
+    if isinstance(metadata, Mapping):
+        for key in _SCORE_KEYS:
+            value = metadata.get(key)
+            if value is not None:
+                return _as_score(value)
+    return None
+
+
+def _record(doc_id: Any, content: Any, score: Any, metadata: Any) -> DocumentRecord:
+    """The record, with the id and score taken from metadata when the document has none
+    (an empty ``id=""``, as LangChain's ``Document`` defaults to, counts as none)."""
+    resolved_id = (doc_id if type(doc_id) is str else _as_id(doc_id)) or _metadata_id(metadata)
+    if type(score) is not float:
+        score = _as_score(score) if score is not None else _metadata_score(metadata)
+    return DocumentRecord(resolved_id, content, score, metadata)
 
 
 def _from_str(doc: Any) -> DocumentRecord:
@@ -131,13 +151,7 @@ def _from_mapping(doc: Any) -> DocumentRecord:
             if isinstance(nested, str):
                 content = nested
                 break
-    if doc_id is None:
-        resolved_id = _metadata_id(metadata)
-    else:
-        resolved_id = doc_id if type(doc_id) is str and doc_id else _as_id(doc_id)
-    return DocumentRecord(
-        resolved_id, content, score if type(score) is float else _as_score(score), metadata
-    )
+    return _record(doc_id, content, score, metadata)
 
 
 def _first_attr(doc: Any, names: tuple[str, ...]) -> Any:
@@ -160,33 +174,24 @@ def _from_attributes(doc: Any) -> DocumentRecord:
             content = str(doc)
         elif cls.__repr__ is not object.__repr__:
             content = repr(doc)
-    resolved_id = _as_id(doc_id) if doc_id is not None else _metadata_id(metadata)
-    return DocumentRecord(resolved_id, content, _as_score(score), metadata)
+    return _record(doc_id, content, score, metadata)
 
 
-def _node_fields(node: Any) -> tuple[str | None, Any, Any]:
-    doc_id = getattr(node, "node_id", None)
+def _from_llama_node(doc: Any, score_holder: Any = None) -> DocumentRecord:
+    doc_id = getattr(doc, "node_id", None)
     if doc_id is None:
-        doc_id = getattr(node, "id_", None)
-    metadata = getattr(node, "metadata", None)
-    return (
-        _as_id(doc_id) if doc_id is not None else _metadata_id(metadata),
-        node.get_content(),
-        metadata,
+        doc_id = getattr(doc, "id_", None)
+    holder = doc if score_holder is None else score_holder
+    return _record(
+        doc_id, doc.get_content(), getattr(holder, "score", None), getattr(doc, "metadata", None)
     )
-
-
-def _from_llama_node(doc: Any) -> DocumentRecord:
-    doc_id, content, metadata = _node_fields(doc)
-    return DocumentRecord(doc_id, content, _as_score(getattr(doc, "score", None)), metadata)
 
 
 def _from_node_with_score(doc: Any) -> DocumentRecord:
     node = doc.node
     if not callable(getattr(node, "get_content", None)):
         return _from_attributes(doc)
-    doc_id, content, metadata = _node_fields(node)
-    return DocumentRecord(doc_id, content, _as_score(getattr(doc, "score", None)), metadata)
+    return _from_llama_node(node, doc)
 
 
 def _is_score(value: Any) -> bool:

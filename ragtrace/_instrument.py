@@ -17,7 +17,17 @@ is exhausted, closed or raises.  The span is made current only while the generat
 code runs (around each step), never while the consumer runs between items.  Yielded
 text is joined into ``output.value`` (kept up to ``max_content_chars``); for
 ``@retriever``/``@reranker`` the yielded items are the documents.  With ``output=``, the
-callable is applied to each yielded item rather than to a return value.
+callable is applied to each yielded item rather than to a return value.  Chunk objects
+are read duck-typed: OpenAI-style ``choices[0].delta.content`` (or ``.text``), LangChain
+message chunks (``.content``), LlamaIndex responses (``.delta``).  A stream that raises
+keeps the partial output it produced.
+
+A plain function that *returns* an iterator or async iterator (the OpenAI
+``return client.chat.completions.create(..., stream=True)`` pattern) gets the same
+treatment: the caller receives a thin proxy (:class:`_IteratorProxy` /
+:class:`_AsyncIteratorProxy`) that forwards every attribute, ``close()`` and the
+context-manager protocol to the real stream, and the span ends when the stream is
+exhausted, closed, raises, or is garbage-collected unfinished.
 
 Failure containment: a user exception is recorded on the span (status ERROR plus an
 ``exception`` event) and re-raised unchanged.  Anything ragtrace itself fails at is
@@ -65,6 +75,8 @@ _MODEL_NAMES: Final = ("model", "model_name")
 _SELF_NAMES: Final = ("self", "cls")
 #: Non-string items of a stream kept for output.value (strings are bounded by length).
 _MAX_STREAM_ITEMS: Final = 1000
+#: Return values that are never streams: checked first, so the common case stays cheap.
+_PLAIN_RESULTS: Final = (str, list, tuple, dict, int, float, bool, type(None))
 
 
 class _Missing:
@@ -507,6 +519,10 @@ class _Stream:
                 else:
                     self.extra_documents += 1
                 return
+            if not isinstance(value, str):
+                text = _chunk_text(value)
+                if text is not None:
+                    value = text
             if isinstance(value, str):
                 limit = settings.max_content_chars
                 if limit and self.kept > limit + REDACT_MARGIN:
@@ -528,8 +544,7 @@ class _Stream:
             if self.recording:
                 attrs: dict[str, Any] = {}
                 _capture_input(call, attrs)
-                if error is None or isinstance(error, GeneratorExit):
-                    self._output(attrs)
+                self._output(attrs)  # on an error too: the partial output is evidence
                 if call.session is not None:
                     _capture_session(call, attrs)
                 if attrs:
@@ -564,6 +579,212 @@ class _Stream:
             )
 
 
+def _field(obj: Any, name: str) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _chunk_text(chunk: Any) -> str | None:
+    """The text of one streamed chunk object, read duck-typed; None if it has none.
+
+    OpenAI-style chunks (objects or dicts): ``choices[0].delta.content``, or
+    ``choices[0].text`` for completions; a chunk without text (the role chunk, the
+    finish chunk, a usage-only chunk with no choices) counts as "".  LlamaIndex stream
+    responses: ``.delta``.  LangChain message chunks: ``.content`` when it is a string.
+    """
+    if isinstance(chunk, (bytes, int, float, bool)) or chunk is None:
+        return None
+    choices = _field(chunk, "choices")
+    if isinstance(choices, (list, tuple)):
+        if not choices:
+            return ""
+        first = choices[0]
+        delta = _field(first, "delta")
+        if delta is not None:
+            content = _field(delta, "content")
+            return content if isinstance(content, str) else ""
+        text = _field(first, "text")
+        return text if isinstance(text, str) else ""
+    for name in ("delta", "content", "text"):
+        value = _field(chunk, name)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+class _IteratorProxy:
+    """What a decorated function returns in place of the iterator it returned."""
+
+    __slots__ = ("__weakref__", "_call", "_done", "_inner", "_stream")
+
+    def __init__(self, inner: Iterator[Any], call: _Call) -> None:
+        self._inner = inner
+        self._call = call
+        self._stream = _Stream(call)
+        self._done = False
+
+    def __iter__(self) -> _IteratorProxy:
+        return self
+
+    def __next__(self) -> Any:
+        call = self._call
+        tokens = call.enter()
+        try:
+            item = next(self._inner)
+        except StopIteration:
+            self._end(None)
+            raise
+        except BaseException as exc:
+            self._end(exc)
+            raise
+        finally:
+            call.leave(tokens)
+        self._stream.add(item)
+        return item
+
+    def close(self) -> None:
+        try:
+            closer = getattr(self._inner, "close", None)
+            if callable(closer):
+                closer()
+        finally:
+            self._end(GeneratorExit())
+
+    def __enter__(self) -> _IteratorProxy:
+        enter = getattr(self._inner, "__enter__", None)
+        if callable(enter):
+            enter()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        exit_ = getattr(self._inner, "__exit__", None)
+        try:
+            return exit_(*exc_info) if callable(exit_) else None
+        finally:
+            self._end(exc_info[1] if exc_info[1] is not None else GeneratorExit())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __repr__(self) -> str:
+        return f"<ragtrace stream of {self._inner!r}>"
+
+    def _end(self, error: BaseException | None) -> None:
+        if not self._done:
+            self._done = True
+            self._stream.finish(error)
+
+    def __del__(self) -> None:
+        try:
+            self._end(GeneratorExit())
+        except Exception:
+            pass
+
+
+class _AsyncIteratorProxy:
+    """The async twin of :class:`_IteratorProxy` (an OpenAI ``AsyncStream``...)."""
+
+    __slots__ = ("__weakref__", "_call", "_done", "_inner", "_stream")
+
+    def __init__(self, inner: AsyncIterator[Any], call: _Call) -> None:
+        self._inner = inner
+        self._call = call
+        self._stream = _Stream(call)
+        self._done = False
+
+    def __aiter__(self) -> _AsyncIteratorProxy:
+        return self
+
+    async def __anext__(self) -> Any:
+        call = self._call
+        tokens = call.enter()
+        try:
+            item = await self._inner.__anext__()
+        except StopAsyncIteration:
+            self._end(None)
+            raise
+        except BaseException as exc:
+            self._end(exc)
+            raise
+        finally:
+            call.leave(tokens)
+        self._stream.add(item)
+        return item
+
+    async def aclose(self) -> None:
+        try:
+            closer = getattr(self._inner, "aclose", None) or getattr(self._inner, "close", None)
+            if callable(closer):
+                result = closer()
+                if inspect.isawaitable(result):
+                    await result
+        finally:
+            self._end(GeneratorExit())
+
+    async def close(self) -> None:
+        await self.aclose()
+
+    async def __aenter__(self) -> _AsyncIteratorProxy:
+        enter = getattr(self._inner, "__aenter__", None)
+        if callable(enter):
+            await enter()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        exit_ = getattr(self._inner, "__aexit__", None)
+        try:
+            return await exit_(*exc_info) if callable(exit_) else None
+        finally:
+            self._end(exc_info[1] if exc_info[1] is not None else GeneratorExit())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __repr__(self) -> str:
+        return f"<ragtrace stream of {self._inner!r}>"
+
+    def _end(self, error: BaseException | None) -> None:
+        if not self._done:
+            self._done = True
+            self._stream.finish(error)
+
+    def __del__(self) -> None:
+        try:
+            self._end(GeneratorExit())
+        except Exception:
+            pass
+
+
+def _returned_stream(call: _Call, result: Any) -> Any:
+    """If ``result`` is an iterator, hand the open span to a proxy around it.
+
+    Returns the proxy, or None when ``result`` is not a stream (the call then ends as
+    usual).  The call's context is detached now (the function has returned); the proxy
+    makes the span current again around each step of the stream.
+    """
+    if isinstance(result, (str, bytes, list, tuple, dict)):
+        return None
+    if isinstance(result, Iterator):
+        make: Any = _IteratorProxy
+    elif isinstance(result, AsyncIterator):
+        make = _AsyncIteratorProxy
+    else:
+        return None
+    try:
+        call.ctx = trace_api.set_span_in_context(call.span)
+        if call.rag_token is not None:
+            CURRENT_RAG.reset(call.rag_token)
+            call.rag_token = None
+        if call.token is not None:
+            context_api.detach(call.token)
+            call.token = None
+        return make(result, call)
+    except Exception as exc:
+        report("wrapping a returned stream", exc)
+        return None
+
+
 # ------------------------------------------------------------------ wrappers
 
 
@@ -583,6 +804,10 @@ def _wrap_sync(func: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
         except BaseException as exc:
             _finish(call, None, exc)
             raise
+        if not isinstance(result, _PLAIN_RESULTS):
+            proxy = _returned_stream(call, result)
+            if proxy is not None:
+                return proxy
         _finish(call, result, None)
         return result
 
@@ -605,6 +830,10 @@ def _wrap_async(func: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
         except BaseException as exc:
             _finish(call, None, exc)
             raise
+        if not isinstance(result, _PLAIN_RESULTS):
+            proxy = _returned_stream(call, result)
+            if proxy is not None:
+                return proxy
         _finish(call, result, None)
         return result
 

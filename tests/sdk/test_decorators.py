@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import traceback
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -476,7 +477,9 @@ async def test_async_generator_asend_athrow_and_error(recorder: Recorder) -> Non
     assert span.status.status_code is StatusCode.ERROR
 
 
-def test_plain_function_returning_iterator_is_not_consumed(recorder: Recorder) -> None:
+def test_plain_function_returning_iterator_is_recorded_as_the_caller_reads_it(
+    recorder: Recorder,
+) -> None:
     @ragtrace.rag
     def lazy(question: str) -> Iterator[int]:
         return iter([1, 2, 3])
@@ -485,10 +488,14 @@ def test_plain_function_returning_iterator_is_not_consumed(recorder: Recorder) -
     def lazy_docs(query: str) -> Iterator[str]:
         return iter(["a", "b"])
 
-    assert list(lazy("q")) == [1, 2, 3]
+    stream = lazy("q")
+    assert recorder.exporter.get_finished_spans() == ()  # open until the stream is read
+    assert list(stream) == [1, 2, 3]  # ragtrace takes nothing from the caller
     assert list(lazy_docs("q")) == ["a", "b"]
-    assert semconv.OUTPUT_VALUE not in recorder.attrs("lazy")
-    assert semconv.RETRIEVAL_DOCUMENT_COUNT not in recorder.attrs("lazy_docs")
+    assert json.loads(recorder.attrs("lazy")[semconv.OUTPUT_VALUE]) == [1, 2, 3]
+    docs = recorder.attrs("lazy_docs")
+    assert docs[semconv.RETRIEVAL_DOCUMENT_COUNT] == 2
+    assert docs["retrieval.documents.1.document.content"] == "b"
 
 
 # ------------------------------------------------------------------ reranker
