@@ -155,3 +155,58 @@ def test_provisioning_points_at_the_dashboard_and_datasource() -> None:
 @pytest.mark.parametrize("expr", ["rate(ragtrace_not_a_metric_total[5m])"])
 def test_an_unknown_series_is_caught(expr: str) -> None:
     assert metric_names(expr) - exported().keys() == {"ragtrace_not_a_metric_total"}
+
+
+_AGGREGATIONS = ("sum", "count", "max", "min", "avg", "topk", "bottomk", "quantile")
+
+
+def _top_level_operands(expr: str) -> list[str]:
+    """Split ``expr`` on binary operators outside parentheses, braces and brackets."""
+    parts, depth, start = [], 0, 0
+    i = 0
+    while i < len(expr):
+        ch = expr[i]
+        if ch in "({[":
+            depth += 1
+        elif ch in ")}]":
+            depth -= 1
+        elif depth == 0:
+            for op in (" / ", " * ", " + ", " - ", " and ", " or ", " unless "):
+                if expr.startswith(op, i):
+                    parts.append(expr[start:i])
+                    start = i + len(op)
+                    i = start - 1
+                    break
+        i += 1
+    parts.append(expr[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _aggregates_over_replicas(operand: str) -> bool:
+    inner = re.sub(r"^histogram_quantile\(\s*[\d.]+\s*,", "", operand.strip()).strip()
+    if re.fullmatch(r"[\d.]+", inner):  # a constant factor such as "* 60"
+        return True
+    if not re.match(rf"({'|'.join(_AGGREGATIONS)})\b", inner):
+        return False
+    by = re.match(r"\w+\s+by\s*\(([^)]*)\)", inner)
+    return by is None or "instance" not in by.group(1) or "replica" in operand
+
+
+def test_every_dashboard_query_sums_over_replicas() -> None:
+    """N collector replicas are one service: every panel aggregates away ``instance``
+    (only the per-replica buffer panels keep it, on purpose), so adding a replica never
+    splits or multiplies a line."""
+    dash = load_dashboard()
+    per_replica = []
+    for expr in queries(dash):
+        for operand in _top_level_operands(interpolate(expr)):
+            if "by (instance)" in operand:
+                per_replica.append(operand)
+                continue
+            assert _aggregates_over_replicas(operand), f"not summed over replicas: {operand!r}"
+    assert sorted(per_replica) == [
+        "sum by (instance) (ragtrace_spans_buffered)",
+        "sum by (instance) (ragtrace_traces_buffered)",
+    ]
+    assert not _aggregates_over_replicas("rate(ragtrace_spans_received_total[5m])")
+    assert not _aggregates_over_replicas("sum by (instance, metric) (x)")

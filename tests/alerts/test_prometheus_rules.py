@@ -31,7 +31,7 @@ def _tool(*args: str | Path) -> subprocess.CompletedProcess[str]:
     binary = PROMTOOL if args[0] == "promtool" else AMTOOL
     assert binary is not None, f"{args[0]} is not installed (scripts/setup-services.sh)"
     return subprocess.run(
-        [binary, *map(str, args[1:])], capture_output=True, text=True, timeout=30, check=False
+        [binary, *map(str, args[1:])], capture_output=True, text=True, timeout=180, check=False
     )
 
 
