@@ -144,3 +144,31 @@ def test_bad_max_queue_bytes_is_a_configuration_error(
         ragtrace.configure(endpoint="http://127.0.0.1:1")
     with pytest.raises(ConfigurationError, match="max_queue_bytes"):
         ragtrace.configure(endpoint="http://127.0.0.1:1", max_queue_bytes=10)
+
+
+def test_a_dead_collector_does_not_hold_up_the_process_exit(tmp_path: Any) -> None:
+    """An app that exits without calling shutdown(): ragtrace's exit handler gives the
+    queue the default timeout (5 s), not the exporter's retries (up to 10 s and more)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "app.py"
+    script.write_text(
+        "import ragtrace\n"
+        f"ragtrace.configure(endpoint='http://127.0.0.1:{_closed_port()}')\n"
+        "@ragtrace.rag\n"
+        "def answer(question):\n"
+        "    return 'a'\n"
+        "for i in range(200):\n"
+        "    answer(f'q{i}')\n"
+        "import time\n"
+        "print(time.time(), flush=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    exited = time.time()
+    assert out.returncode == 0, out.stderr
+    took = exited - float(out.stdout.strip())  # from the end of the app's code to exit
+    assert took < 7.0, f"exit took {took:.1f}s after the app's last line"
+    assert "dropped 200 span(s)" in out.stderr
