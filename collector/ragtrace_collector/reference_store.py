@@ -50,6 +50,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from rapidfuzz import fuzz, process
 
+from ragtrace_collector.cases import id_text
 from ragtrace_collector.units import Duration
 
 __all__ = [
@@ -252,10 +253,10 @@ def _parse_row(
         for i, item in enumerate(value):
             if isinstance(item, str):
                 out.append(item)
-            elif allow_numbers and isinstance(item, int) and not isinstance(item, bool):
-                out.append(str(item))
+            elif allow_numbers and isinstance(item, int | float) and not isinstance(item, bool):
+                out.append(id_text(item))
             else:
-                kind = "a string or an integer" if allow_numbers else "a string"
+                kind = "a string or a number" if allow_numbers else "a string"
                 raise _fail(
                     path, at(field), f"{field}[{i}]", f"must be {kind}, got {type(item).__name__}"
                 )

@@ -27,6 +27,7 @@ from ragtrace_collector.metrics.base import (
     normalise_verdict,
 )
 from ragtrace_collector.metrics.conversation import (
+    NOTHING_RETRIEVED_YET,
     TurnContextualPrecision,
     TurnContextualRecall,
     TurnContextualRelevancy,
@@ -55,6 +56,7 @@ __all__ = [
     "DEFAULT_ENTITY_CACHE",
     "HEURISTIC_PREFIX",
     "METRIC_NAMES",
+    "NOTHING_RETRIEVED_YET",
     "NO_JUDGE_METRICS",
     "OFFLINE_METRICS",
     "ConversationMetric",
