@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve_command(args.config)
     if args.command == "check-config":
-        from ragtrace_collector.config import check_config_command
+        from ragtrace_collector.preflight import check_config_command
 
         return check_config_command(args.config)
     if args.command == "eval":

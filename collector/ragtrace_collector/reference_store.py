@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from rapidfuzz import fuzz, process
@@ -61,7 +60,13 @@ __all__ = [
     "normalize_input",
 ]
 
-_log = structlog.get_logger(__name__)
+
+def _log() -> Any:
+    # Imported where used, so that loading the config stays fast.
+    import structlog
+
+    return structlog.get_logger(__name__)
+
 
 Scorer = Literal["ratio", "token_sort_ratio", "token_set_ratio", "partial_ratio", "WRatio"]
 
@@ -490,7 +495,7 @@ class ReferenceStore:
             except ReferenceStoreError as exc:
                 digest = self._digest_or_none()
                 if digest != self._failed_digest:
-                    _log.error(
+                    _log().error(
                         "reference_store.reload_failed",
                         path=str(self._path),
                         error=str(exc),
@@ -502,7 +507,7 @@ class ReferenceStore:
                     self._signature = self._stat()
                 return False
             if changed:
-                _log.info(
+                _log().info(
                     "reference_store.reloaded",
                     path=str(self._path),
                     version=self.version,
@@ -547,7 +552,7 @@ class ReferenceStore:
             try:
                 await asyncio.to_thread(self.poll)
             except Exception:  # poll() reports its own errors; never let the task die
-                _log.exception("reference_store.poll_crashed", path=str(self._path))
+                _log().exception("reference_store.poll_crashed", path=str(self._path))
 
     async def aclose(self) -> None:
         """Stop polling."""
