@@ -453,8 +453,10 @@ class LoggingConfig(StrictModel):
     level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Lowest level written."
     )
-    format: Literal["json", "console"] = Field(
-        "json", description="`json`: one JSON object per line; `console`: for humans."
+    format: Literal["auto", "json", "console"] = Field(
+        "auto",
+        description="`json`: one JSON object per line; `console`: for humans; `auto`: "
+        "`console` when stderr is a terminal, else `json`.",
     )
 
 
@@ -691,10 +693,18 @@ def _partial_config(data: dict[str, Any], failed: set[str]) -> CollectorConfig |
         return None
 
 
-def load_config(path: Path | None, *, env: Mapping[str, str] | None = None) -> CollectorConfig:
-    """Read, interpolate and validate ``path``; ``None`` gives the defaults."""
+def load_config(
+    path: Path | None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> CollectorConfig:
+    """Read, interpolate and validate ``path``; ``None`` gives the defaults.
+
+    ``overrides`` maps dotted keys (``receivers.http.endpoint``) to values that
+    replace the file's (``serve --set``, ``--http-endpoint``...)."""
     if path is None:
-        return parse_config({}, env=env, source="(defaults)")
+        return parse_config(_override({}, overrides), env=env, source="(defaults)")
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -709,7 +719,24 @@ def load_config(path: Path | None, *, env: Mapping[str, str] | None = None) -> C
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError([f"YAML syntax error at {where}{problem}"], source) from None
+    if overrides and (data is None or isinstance(data, dict)):
+        data = _override(data or {}, overrides)
     return parse_config(data, env=env, source=source)
+
+
+def _override(data: dict[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``data`` with each dotted key of ``overrides`` set (sections made as needed)."""
+    for dotted, value in (overrides or {}).items():
+        *parents, last = dotted.split(".")
+        node = data
+        for i, part in enumerate(parents):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                where = ".".join(parents[: i + 1])
+                raise ConfigError([f"{dotted}: cannot set it, {where} is not a section"])
+            node = child
+        node[last] = value
+    return data
 
 
 def _describe(exc: ValidationError, data: Any) -> list[tuple[list[str | int], str]]:
