@@ -36,7 +36,7 @@ class ContextItem(BaseModel):
     @field_validator("id", mode="before")
     @classmethod
     def _id_as_str(cls, v: object) -> object:
-        # Ids are compared as text (METRICS.md): 1, 1.0 and "1" are the same document.
+        # Ids are compared as text (docs/metrics.md): 1, 1.0 and "1" are the same document.
         return None if v is None else id_text(v)
 
 

@@ -1,4 +1,4 @@
-"""The metric suite of METRICS.md.
+"""The metric suite (docs/metrics.md).
 
 >>> metric = build_metric("contextual_recall", {"threshold": 0.7})
 >>> result = await metric.measure(case, judge)          # doctest: +SKIP
@@ -100,7 +100,7 @@ _REGISTRY: dict[str, Callable[[MetricOptions], MetricBase]] = {
     )
 }
 
-#: Every metric name, in METRICS.md order.
+#: Every metric name, in the order of docs/metrics.md.
 METRIC_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
 #: Metrics that never call a judge.
