@@ -16,11 +16,19 @@ from ragtrace_collector.cli import main
 from ragtrace_collector.config import ConfigError, parse_config
 from ragtrace_collector.metrics import OFFLINE_METRICS
 from ragtrace_collector.preflight import preflight_problems
+from tests.collector.harness import serve_until_exit
 
 COLLECTOR = Path(sys.executable).with_name("ragtrace-collector")
 ROOT = Path(__file__).resolve().parents[2]
 
 RULE = "{name: %s, metric: %s, window: 5m, baseline: 0.8, drop: 0.1}"
+FAITHFULNESS_RULE = {
+    "name": "f",
+    "metric": "faithfulness",
+    "window": 60,
+    "baseline": 0.9,
+    "drop": 0.1,
+}
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -65,14 +73,7 @@ def test_check_config_refuses_what_serve_refuses(
     assert "alerts.rules.2" not in out
     assert f"reference_store.path: reference store {tmp_path / 'missing.jsonl'}" in out
     # serve refuses the same configuration, with the same lines, before it listens.
-    done = subprocess.run(
-        [str(COLLECTOR), "serve", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-    )
+    done = serve_until_exit(path, tmp_path)
     assert done.returncode == 1, done.stderr
     for line in out.splitlines()[1:]:
         assert line.strip() in done.stderr
@@ -164,17 +165,7 @@ def test_include_defaults_adds_a_metric_to_the_default_set() -> None:
                 "faithfulness": {},
                 "contextual_recall": {"threshold": 0.7},
             },
-            "alerts": {
-                "rules": [
-                    {
-                        "name": "f",
-                        "metric": "faithfulness",
-                        "window": 60,
-                        "baseline": 0.9,
-                        "drop": 0.1,
-                    }
-                ]
-            },
+            "alerts": {"rules": [FAITHFULNESS_RULE]},
         },
         env={},
     )
@@ -192,19 +183,7 @@ def test_include_defaults_adds_a_metric_to_the_default_set() -> None:
 
 def test_an_alert_on_a_metric_outside_the_default_set_shows_the_fix() -> None:
     config = parse_config(
-        {
-            "alerts": {
-                "rules": [
-                    {
-                        "name": "f",
-                        "metric": "faithfulness",
-                        "window": 60,
-                        "baseline": 0.9,
-                        "drop": 0.1,
-                    }
-                ]
-            }
-        },
+        {"alerts": {"rules": [FAITHFULNESS_RULE]}},
         env={},
     )
     (problem,) = preflight_problems(config)

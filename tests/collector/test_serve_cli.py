@@ -19,6 +19,7 @@ import structlog
 from ragtrace_collector.cli import main
 from ragtrace_collector.logs import configure_logging, get_logger
 from ragtrace_collector.ports import Endpoint, bind_problem
+from tests.collector.harness import serve_until_exit
 
 COLLECTOR = Path(sys.executable).with_name("ragtrace-collector")
 
@@ -49,14 +50,7 @@ def test_a_port_in_use_names_the_key_and_the_fix(tmp_path: Path, taken: str) -> 
             f"  http: {{endpoint: '{endpoints['http']}'}}\n"
             f"admin: {{endpoint: '{endpoints['admin']}'}}\n"
         )
-        done = subprocess.run(
-            [str(COLLECTOR), "serve", "--config", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-        )
+        done = serve_until_exit(path, tmp_path)
     key, flag = KEYS[taken]
     assert done.returncode == 1, done.stderr
     assert (
