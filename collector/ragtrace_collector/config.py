@@ -73,6 +73,7 @@ __all__ = [
     "ServerTLSConfig",
     "ShutdownConfig",
     "StrictModel",
+    "expand_include_defaults",
     "load_config",
     "parse_config",
     "split_host_port",
@@ -158,7 +159,7 @@ def _check_metric_name(name: str) -> str:
 MetricName = Annotated[str, AfterValidator(_check_metric_name)]
 
 
-def _expand_include_defaults(value: Any) -> Any:
+def expand_include_defaults(value: Any) -> Any:
     """``metrics: {include_defaults: true, faithfulness: {}}``: the default set plus
     faithfulness (a metric listed again keeps its own options)."""
     if not isinstance(value, Mapping) or "include_defaults" not in value:
@@ -511,7 +512,7 @@ class CollectorConfig(StrictModel):
     #: The judge answering the LLM metrics: ``offline`` or a litellm model string.
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     metrics: Annotated[
-        dict[MetricName, MetricOptions] | None, BeforeValidator(_expand_include_defaults)
+        dict[MetricName, MetricOptions] | None, BeforeValidator(expand_include_defaults)
     ] = Field(
         None,
         description="Metric name (docs/metrics.md) -> options.  Unset: the default set "

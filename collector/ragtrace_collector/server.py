@@ -269,13 +269,13 @@ async def _binding(where: Endpoint) -> AsyncIterator[None]:
         raise StartupError(bind_problem(where, exc)) from exc
 
 
-async def _serve(config: CollectorConfig) -> int:
+async def _serve(config: CollectorConfig, source: str) -> int:
     log = get_logger("service")
     try:
         service = CollectorService(config)
     except ConfigError as exc:  # serve's checks (the ones check-config runs)
         log.error("startup_failed", error="invalid configuration", problems=exc.problems)
-        print(exc.render(), file=sys.stderr)
+        print(ConfigError(exc.problems, source).render(), file=sys.stderr)
         return 1
     except Exception as exc:  # settings that fail only when built
         log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
@@ -322,6 +322,7 @@ def serve_command(config_path: Path | None, overrides: Mapping[str, str] | None 
         return 1
     configure_logging(config.logging.level, config.logging.format, secrets=config.secrets())
     try:
-        return asyncio.run(_serve(config))
+        source = str(config_path) if config_path is not None else "(defaults)"
+        return asyncio.run(_serve(config, source))
     except KeyboardInterrupt:  # a signal before the handlers were installed
         return 130
