@@ -10,7 +10,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ContextItem", "Conversation", "RAGCase", "Turn"]
+__all__ = ["ContextItem", "Conversation", "RAGCase", "Turn", "id_text"]
+
+
+def id_text(value: object) -> str:
+    """A document id as the text ids are compared by: ``str(value)``, except that an
+    integral float is written as the integer it is (``3.0`` -> ``"3"``), as Ragas
+    coerces it, so that a JSON or Parquet column of numbers read as floats still
+    matches ``3`` and ``"3"``.  The string ``"3.0"`` stays ``"3.0"``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 class ContextItem(BaseModel):
@@ -26,8 +36,8 @@ class ContextItem(BaseModel):
     @field_validator("id", mode="before")
     @classmethod
     def _id_as_str(cls, v: object) -> object:
-        # Ids are compared as str(id) (METRICS.md): 1 and "1" are the same document.
-        return None if v is None else str(v)
+        # Ids are compared as text (docs/metrics.md): 1, 1.0 and "1" are the same document.
+        return None if v is None else id_text(v)
 
 
 class RAGCase(BaseModel):
@@ -50,7 +60,7 @@ class RAGCase(BaseModel):
     @classmethod
     def _ids_as_str(cls, v: object) -> object:
         if isinstance(v, list):
-            return [str(x) for x in v]
+            return [id_text(x) for x in v]
         return v
 
     def retrieved_ids(self) -> list[str] | None:

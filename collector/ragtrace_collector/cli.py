@@ -10,6 +10,27 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
+
+#: serve's endpoint flags and the config keys they override.
+_ENDPOINT_FLAGS = {
+    "--grpc-endpoint": "receivers.grpc.endpoint",
+    "--http-endpoint": "receivers.http.endpoint",
+    "--admin-endpoint": "admin.endpoint",
+}
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--set``: the value is read as YAML (``1``, ``true``, ``[a]``)."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError:
+        return key.strip(), value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,13 +43,44 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the collector service")
+    serve = sub.add_parser(
+        "serve",
+        help="run the collector service",
+        description="Run the collector: OTLP receivers (gRPC, HTTP), the evaluation stage, "
+        "the exporters and the admin port (/metrics, /healthz, /readyz), until SIGTERM or "
+        "SIGINT, then shut down gracefully.  The configuration is checked first (the "
+        "checks of check-config); every key is described in docs/configuration.md.",
+        epilog="exit codes: 0 after a graceful shutdown; 1 an invalid configuration or a "
+        "port that cannot be bound (named with its config key).",
+    )
     serve.add_argument(
         "--config", type=Path, default=None, help="collector.yaml (default: built-in defaults)"
     )
+    for flag, key in _ENDPOINT_FLAGS.items():
+        serve.add_argument(
+            flag, metavar="HOST:PORT", default=None, help=f"listen here (overrides {key})"
+        )
+    serve.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        type=_key_value,
+        help="override one config key, e.g. --set sampling.rate=1 (the value is read as "
+        "YAML; repeatable)",
+    )
 
-    check = sub.add_parser("check-config", help="validate a config file and exit")
-    check.add_argument("config", type=Path)
+    check = sub.add_parser(
+        "check-config",
+        help="validate a config file and exit",
+        description="Validate a collector.yaml without starting anything: the schema (unknown "
+        "keys, types, ${ENV} variables) and every check serve runs before it listens "
+        "(metric names and options, alert rules on evaluated metrics, the reference file, "
+        "the judge's API key variable).  Every problem is reported in one run.",
+        epilog="exit codes: 0 valid; 1 invalid (each problem on its own line); 2 the file "
+        "cannot be read.",
+    )
+    check.add_argument("config", type=Path, help="the collector.yaml to check")
 
     ev = sub.add_parser("eval", help="evaluate a dataset offline (JSON or JSONL)")
     ev.add_argument("data", type=Path, help="cases or conversations, JSONL or JSON")
@@ -56,9 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from ragtrace_collector.server import serve_command
 
-        return serve_command(args.config)
+        overrides = dict(args.set)
+        for flag, key in _ENDPOINT_FLAGS.items():
+            value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+            if value is not None:
+                overrides[key] = value
+        return serve_command(args.config, overrides)
     if args.command == "check-config":
-        from ragtrace_collector.config import check_config_command
+        from ragtrace_collector.preflight import check_config_command
 
         return check_config_command(args.config)
     if args.command == "eval":

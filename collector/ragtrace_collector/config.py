@@ -21,7 +21,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -31,6 +30,7 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -44,7 +44,7 @@ from pydantic import (
 from ragtrace_collector.alerts.config import AlertsConfig
 from ragtrace_collector.enrichment import EnrichmentConfig
 from ragtrace_collector.judges.config import JudgeConfig
-from ragtrace_collector.metrics.base import MetricOptions
+from ragtrace_collector.metrics import METRIC_NAMES, OFFLINE_METRICS, MetricOptions
 from ragtrace_collector.reference_store import ReferenceStoreConfig
 from ragtrace_collector.sampling import SamplingConfig
 from ragtrace_collector.session_store import SessionStoreConfig
@@ -73,19 +73,34 @@ __all__ = [
     "ServerTLSConfig",
     "ShutdownConfig",
     "StrictModel",
-    "check_config_command",
+    "expand_include_defaults",
     "load_config",
     "parse_config",
     "split_host_port",
 ]
 
 
-class ConfigError(Exception):
-    """The configuration is invalid; ``problems`` has one line per problem."""
+class ConfigError(ValueError):
+    """The configuration is invalid; ``problems`` has one line per problem.
 
-    def __init__(self, problems: Sequence[str], source: str = "config") -> None:
+    ``partial`` is the configuration built from the top-level sections that are valid
+    (the others at their defaults) and ``failed_sections`` names the others, so that
+    ``check-config`` can run the checks of :mod:`ragtrace_collector.preflight` on what
+    is valid and report everything in one pass.  ``partial`` is None when no such
+    configuration could be built."""
+
+    def __init__(
+        self,
+        problems: Sequence[str],
+        source: str = "config",
+        *,
+        partial: CollectorConfig | None = None,
+        failed_sections: frozenset[str] = frozenset(),
+    ) -> None:
         self.problems = list(problems)
         self.source = source
+        self.partial = partial
+        self.failed_sections = failed_sections
         super().__init__(self.render())
 
     def render(self) -> str:
@@ -126,6 +141,36 @@ def _check_file(path: Path | None) -> Path | None:
     if path is not None and not path.is_file():
         raise ValueError(f"file not found: {path}")
     return path
+
+
+def _check_metric_name(name: str) -> str:
+    if name not in METRIC_NAMES:
+        close = difflib.get_close_matches(name, METRIC_NAMES, n=2, cutoff=0.6)
+        hint = " or ".join(repr(c) for c in close)
+        raise ValueError(
+            f"unknown metric {name!r} (did you mean {hint}?)"
+            if close
+            else f"unknown metric {name!r} (known metrics: {', '.join(METRIC_NAMES)})"
+        )
+    return name
+
+
+#: A metric name of docs/metrics.md; each unknown name is its own error.
+MetricName = Annotated[str, AfterValidator(_check_metric_name)]
+
+
+def expand_include_defaults(value: Any) -> Any:
+    """``metrics: {include_defaults: true, faithfulness: {}}``: the default set plus
+    faithfulness (a metric listed again keeps its own options)."""
+    if not isinstance(value, Mapping) or "include_defaults" not in value:
+        return value
+    data = dict(value)
+    flag = data.pop("include_defaults")
+    if not isinstance(flag, bool):
+        raise ValueError(f"include_defaults: expected true or false, got {flag!r}")
+    if not flag:
+        return data
+    return {**{name: data.pop(name, {}) for name in OFFLINE_METRICS}, **data}
 
 
 class StrictModel(BaseModel):
@@ -409,8 +454,10 @@ class LoggingConfig(StrictModel):
     level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Lowest level written."
     )
-    format: Literal["json", "console"] = Field(
-        "json", description="`json`: one JSON object per line; `console`: for humans."
+    format: Literal["auto", "json", "console"] = Field(
+        "auto",
+        description="`json`: one JSON object per line; `console`: for humans; `auto`: "
+        "`console` when stderr is a terminal, else `json`.",
     )
 
 
@@ -464,9 +511,14 @@ class CollectorConfig(StrictModel):
     )
     #: The judge answering the LLM metrics: ``offline`` or a litellm model string.
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
-    #: Metric name (METRICS.md) -> options.  Default: every metric the offline judge
-    #: serves (see ``ragtrace_collector.metrics.OFFLINE_METRICS``).
-    metrics: dict[str, MetricOptions] | None = None
+    metrics: Annotated[
+        dict[MetricName, MetricOptions] | None, BeforeValidator(expand_include_defaults)
+    ] = Field(
+        None,
+        description="Metric name (docs/metrics.md) -> options.  Unset: the default set "
+        f"({', '.join(OFFLINE_METRICS)}).  Listing metrics replaces the default set; "
+        "add `include_defaults: true` to add yours to it.",
+    )
     evaluation: EvaluationConfig = Field(
         default_factory=EvaluationConfig,
         description="Evaluation workers, queue and deadlines; `enabled: false` makes the "
@@ -506,17 +558,6 @@ class CollectorConfig(StrictModel):
         description="Deadlines of the graceful shutdown on SIGTERM or SIGINT.",
     )
 
-    @field_validator("metrics")
-    @classmethod
-    def _known_metrics(
-        cls, value: dict[str, MetricOptions] | None
-    ) -> dict[str, MetricOptions] | None:
-        if value is not None:
-            from ragtrace_collector.metrics import parse_metric_names
-
-            parse_metric_names(list(value))  # unknown names: a did-you-mean error
-        return value
-
     @field_validator("exporters")
     @classmethod
     def _some_exporter(cls, value: dict[str, ExporterConfig]) -> dict[str, ExporterConfig]:
@@ -537,17 +578,26 @@ class CollectorConfig(StrictModel):
 _ENV_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{")
 
 
-def _interpolate(value: Any, env: Mapping[str, str], path: tuple[str | int, ...]) -> Any:
+_Loc = tuple[str | int, ...]
+
+
+def _interpolate(
+    value: Any, env: Mapping[str, str], path: _Loc, problems: list[tuple[_Loc, str]]
+) -> Any:
+    """``value`` with every ``${...}`` replaced; each bad reference (every one, not
+    only the first) is added to ``problems`` and left as written."""
     if isinstance(value, str):
-        return _interpolate_str(value, env, path)
+        return _interpolate_str(value, env, path, problems)
     if isinstance(value, dict):
-        return {k: _interpolate(v, env, (*path, str(k))) for k, v in value.items()}
+        return {k: _interpolate(v, env, (*path, str(k)), problems) for k, v in value.items()}
     if isinstance(value, list):
-        return [_interpolate(v, env, (*path, i)) for i, v in enumerate(value)]
+        return [_interpolate(v, env, (*path, i), problems) for i, v in enumerate(value)]
     return value
 
 
-def _interpolate_str(text: str, env: Mapping[str, str], path: tuple[str | int, ...]) -> str:
+def _interpolate_str(
+    text: str, env: Mapping[str, str], path: _Loc, problems: list[tuple[_Loc, str]]
+) -> str:
     if "${" not in text:
         return text
 
@@ -556,21 +606,25 @@ def _interpolate_str(text: str, env: Mapping[str, str], path: tuple[str | int, .
             return "${"
         name, default = m.group(1), m.group(2)
         if name is None:
-            raise ConfigError(
-                [
+            problems.append(
+                (
+                    path,
                     f"{_dotted(path)}: malformed ${{...}} reference in {text!r} "
-                    "(use ${NAME} or ${NAME:-default}; write $${ for a literal ${)"
-                ]
+                    "(use ${NAME} or ${NAME:-default}; write $${ for a literal ${)",
+                )
             )
+            return m.group(0)
         value = env.get(name)
         if value is None or (value == "" and default is not None):
             if default is None:
-                raise ConfigError(
-                    [
+                problems.append(
+                    (
+                        path,
                         f"{_dotted(path)}: environment variable {name} is not set "
-                        f"(write ${{{name}:-default}} to give a default)"
-                    ]
+                        f"(write ${{{name}:-default}} to give a default)",
+                    )
                 )
+                return m.group(0)
             return default
         return value
 
@@ -598,20 +652,60 @@ def parse_config(
         raise ConfigError(
             [f"(top level): expected a mapping of sections, got {type(data).__name__}"], source
         )
+    env_problems: list[tuple[_Loc, str]] = []
+    data = _interpolate(data, os.environ if env is None else env, (), env_problems)
+    problems = [text for _loc, text in env_problems]
+    # A key whose ${VAR} is unset is not validated as well: its error would be noise.
+    unset = [loc for loc, _text in env_problems]
     try:
-        data = _interpolate(data, os.environ if env is None else env, ())
-    except ConfigError as exc:
-        raise ConfigError(exc.problems, source) from None
-    try:
-        return CollectorConfig.model_validate(data)
+        config = CollectorConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, data), source) from None
+        described = _describe(exc, data)
+        problems += [text for loc, text in described if not any(_under(loc, u) for u in unset)]
+        failed = {str(loc[0]) for loc, _text in described if loc}
+    else:
+        if not problems:
+            return config
+        failed = set()
+    failed |= {str(loc[0]) for loc in unset if loc}
+    raise ConfigError(
+        problems,
+        source,
+        partial=_partial_config(data, failed),
+        failed_sections=frozenset(failed),
+    ) from None
 
 
-def load_config(path: Path | None, *, env: Mapping[str, str] | None = None) -> CollectorConfig:
-    """Read, interpolate and validate ``path``; ``None`` gives the defaults."""
+def _under(loc: Sequence[str | int], prefix: Sequence[str | int]) -> bool:
+    return tuple(loc[: len(prefix)]) == tuple(prefix)
+
+
+def _partial_config(data: dict[str, Any], failed: set[str]) -> CollectorConfig | None:
+    """The config of the valid top-level sections (the failed ones at their defaults)."""
+    valid = {k: v for k, v in data.items() if k not in failed and k in CollectorConfig.model_fields}
+    evaluation = data.get("evaluation")
+    if "evaluation" in failed and isinstance(evaluation, dict):
+        enabled = evaluation.get("enabled")
+        if isinstance(enabled, bool):  # whether serve would build the evaluation stage
+            valid["evaluation"] = {"enabled": enabled}
+    try:
+        return CollectorConfig.model_validate(valid)
+    except ValidationError:
+        return None
+
+
+def load_config(
+    path: Path | None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> CollectorConfig:
+    """Read, interpolate and validate ``path``; ``None`` gives the defaults.
+
+    ``overrides`` maps dotted keys (``receivers.http.endpoint``) to values that
+    replace the file's (``serve --set``, ``--http-endpoint``...)."""
     if path is None:
-        return parse_config({}, env=env, source="(defaults)")
+        return parse_config(_override({}, overrides), env=env, source="(defaults)")
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -626,35 +720,96 @@ def load_config(path: Path | None, *, env: Mapping[str, str] | None = None) -> C
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError([f"YAML syntax error at {where}{problem}"], source) from None
+    if overrides and (data is None or isinstance(data, dict)):
+        data = _override(data or {}, overrides)
     return parse_config(data, env=env, source=source)
 
 
-def _describe(exc: ValidationError, data: Any) -> list[str]:
-    problems = []
+def _override(data: dict[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``data`` with each dotted key of ``overrides`` set (sections made as needed)."""
+    for dotted, value in (overrides or {}).items():
+        *parents, last = dotted.split(".")
+        node = data
+        for i, part in enumerate(parents):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                where = ".".join(parents[: i + 1])
+                raise ConfigError([f"{dotted}: cannot set it, {where} is not a section"])
+            node = child
+        node[last] = value
+    return data
+
+
+def _describe(exc: ValidationError, data: Any) -> list[tuple[list[str | int], str]]:
+    described: list[tuple[list[str | int], str]] = []
     for error in exc.errors(include_url=False):
         loc = _clean_loc(error["loc"], data)
-        key = _dotted(loc)
-        if error["type"] == "extra_forbidden":
-            problems.append(f"{key}: unknown key{_hint(loc, data)}")
-        elif error["type"] == "missing":
-            problems.append(f"{key}: required key is missing")
-        elif error["type"] in ("union_tag_invalid", "union_tag_not_found"):
-            ctx = error.get("ctx", {})
-            tags = _tags_at(loc)
-            expected = ", ".join(repr(t) for t in tags)
-            field = str(ctx.get("discriminator", "type")).strip("'")
-            if error["type"] == "union_tag_not_found":
-                problems.append(f"{key}.{field}: required key is missing (one of: {expected})")
-            else:
-                tag = str(ctx.get("tag", ""))
-                close = difflib.get_close_matches(tag, tags, n=1, cutoff=0.6)
-                hint = f"did you mean {close[0]!r}?" if close else f"one of: {expected}"
-                problems.append(f"{key}.{field}: unknown value {tag!r} ({hint})")
+        problems: list[str] = []
+        _describe_one(error, loc, data, problems)
+        described += [(loc, p) for p in problems]
+    return described
+
+
+#: Pydantic error types, in plain words: what the key expects.
+_EXPECTED: dict[str, str] = {
+    "int_parsing": "a whole number",
+    "int_type": "a whole number",
+    "int_from_float": "a whole number",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "bool_parsing": "true or false",
+    "bool_type": "true or false",
+    "string_type": "text (a string)",
+    "dict_type": "a mapping (key: value lines)",
+    "model_type": "a mapping (key: value lines)",
+    "model_attributes_type": "a mapping (key: value lines)",
+    "list_type": "a list",
+    "path_type": "a file path (text)",
+}
+#: Keys whose values are never echoed in an error (they may hold credentials).
+_SECRET_KEY = re.compile(r"token|key|secret|password|header|auth", re.IGNORECASE)
+
+
+def _shown(value: Any, loc: Sequence[str | int]) -> str:
+    """The offending value, for an error line: short, and never a secret."""
+    kind = {dict: "a mapping", list: "a list", type(None): "nothing (null)"}.get(type(value))
+    if kind is not None:
+        return kind
+    if any(isinstance(p, str) and _SECRET_KEY.search(p) for p in loc):
+        return f"a value of type {type(value).__name__} (not shown: it may be a secret)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _describe_one(error: Any, loc: list[str | int], data: Any, problems: list[str]) -> None:
+    key = _dotted(loc)
+    if error["type"] == "extra_forbidden":
+        problems.append(f"{key}: unknown key{_hint(loc, data)}")
+    elif error["type"] == "missing":
+        problems.append(f"{key}: required key is missing")
+    elif error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        ctx = error.get("ctx", {})
+        tags = _tags_at(loc)
+        expected = ", ".join(repr(t) for t in tags)
+        field = str(ctx.get("discriminator", "type")).strip("'")
+        if error["type"] == "union_tag_not_found":
+            problems.append(f"{key}.{field}: required key is missing (one of: {expected})")
         else:
-            msg = error["msg"]
-            msg = msg.removeprefix("Value error, ")
-            problems.append(f"{key}: {msg}")
-    return problems
+            tag = str(ctx.get("tag", ""))
+            close = difflib.get_close_matches(tag, tags, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"one of: {expected}"
+            problems.append(f"{key}.{field}: unknown value {tag!r} ({hint})")
+    elif error["type"] in _EXPECTED:
+        expected = _EXPECTED[error["type"]]
+        problems.append(f"{key}: expected {expected}, got {_shown(error['input'], loc)}")
+    elif error["type"] == "literal_error":
+        choices = error.get("ctx", {}).get("expected", "")
+        problems.append(f"{key}: expected {choices}, got {_shown(error['input'], loc)}")
+    else:
+        msg = error["msg"].removeprefix("Value error, ")
+        if error["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+            msg += f", got {_shown(error['input'], loc)}"
+        problems.append(f"{key}: {msg}")
 
 
 def _clean_loc(loc: tuple[str | int, ...], data: Any) -> list[str | int]:
@@ -663,6 +818,8 @@ def _clean_loc(loc: tuple[str | int, ...], data: Any) -> list[str | int]:
     node = data
     model: Any = CollectorConfig
     for part in loc:
+        if part == "[key]":  # a dict key failed its own validation (a metric name)
+            continue
         choices = _union_members(model)
         if choices and isinstance(part, str) and part in {_tag_of(c) for c in choices}:
             model = next(c for c in choices if _tag_of(c) == part)
@@ -752,24 +909,3 @@ def _tag_of(model: type[BaseModel]) -> str | None:
         return None
     args = get_args(info.annotation)
     return str(args[0]) if args else None
-
-
-# ---------------------------------------------------------------- check-config
-def check_config_command(path: Path) -> int:
-    """``ragtrace-collector check-config FILE``: 0 valid, 1 invalid, 2 unreadable."""
-    try:
-        config = load_config(path)
-    except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
-        unreadable = any(p == "file not found" or p.startswith("cannot read") for p in exc.problems)
-        return 2 if unreadable else 1
-    exporters = ", ".join(f"{name} ({e.type})" for name, e in config.exporters.items())
-    receivers = [
-        f"{kind} {cfg.endpoint}"
-        for kind, cfg in (("grpc", config.receivers.grpc), ("http", config.receivers.http))
-        if cfg.enabled
-    ]
-    print(f"{path}: ok")
-    print(f"  receivers: {', '.join(receivers) or 'none'}")
-    print(f"  exporters: {exporters}")
-    return 0

@@ -47,7 +47,7 @@ from ragtrace_collector.enrichment import (
 )
 from ragtrace_collector.judges.base import Judge, JudgeCallRecord
 from ragtrace_collector.logs import get_logger
-from ragtrace_collector.metrics import ConversationMetric, Metric
+from ragtrace_collector.metrics import NOTHING_RETRIEVED_YET, ConversationMetric, Metric
 from ragtrace_collector.otlp import Span, SpanGroup
 from ragtrace_collector.results import Cost, MetricResult
 from ragtrace_collector.sampling import Sampler, SamplingDecision, trace_attribute_lookup
@@ -512,7 +512,9 @@ class OnlineEvaluator:
                 built.session_id, metric.name, float(window_score), turn_index=built.turn_index
             )
         total, count = sums
-        running = total / count if count else 1.0
+        if not count or result.details.get(NOTHING_RETRIEVED_YET):
+            return result, {}  # nothing retrieved so far: no conversation score yet
+        running = total / count
         if metric.options.strict and running < 1.0:
             running = 0.0  # as the offline conversation result: strict applies to the mean
         return result, {semconv.EVAL_FIELD_CONVERSATION_SCORE: running}

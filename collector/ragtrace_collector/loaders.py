@@ -43,7 +43,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ragtrace_collector.cases import ContextItem, Conversation, RAGCase, Turn
+from ragtrace_collector.cases import ContextItem, Conversation, RAGCase, Turn, id_text
 
 __all__ = [
     "DatasetError",
@@ -197,7 +197,9 @@ def parse_text(text: str, *, style: str = "jsonl", source: str = "<data>") -> Lo
 
 
 def _jsonl_rows(text: str, result: LoadResult) -> Iterator[tuple[int, Any]]:
-    for number, line in enumerate(text.splitlines(), start=1):
+    # "\n" only: str.splitlines() also breaks at U+2028, U+0085 and other characters
+    # that json.dumps(ensure_ascii=False) leaves raw inside strings.
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -353,7 +355,7 @@ def _text(name: str, value: Any) -> str:
 def _id(name: str, value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise _RowProblem(name, f"expected a string or number id, got {_type_name(value)}")
-    return str(value)
+    return id_text(value)
 
 
 def _context_item(name: str, value: Any) -> ContextItem:

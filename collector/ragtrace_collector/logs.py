@@ -105,11 +105,16 @@ def configure_logging(
 ) -> Redactor:
     """Configure structlog and the stdlib root logger; returns the active redactor.
 
+    ``fmt`` is ``json``, ``console`` or ``auto`` (console on a terminal, else JSON).
+
     Safe to call more than once (later calls replace the configuration and add
     secrets).
     """
     _redactor.add_secrets(secrets)
     out = stream if stream is not None else sys.stderr
+    if fmt == "auto":  # people at a terminal read the console form; pipelines get JSON
+        isatty = getattr(out, "isatty", None)
+        fmt = "console" if callable(isatty) and isatty() else "json"
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         numeric = logging.INFO

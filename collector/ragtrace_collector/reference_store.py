@@ -45,11 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from rapidfuzz import fuzz, process
 
+from ragtrace_collector.cases import id_text
 from ragtrace_collector.units import Duration
 
 __all__ = [
@@ -60,7 +60,13 @@ __all__ = [
     "normalize_input",
 ]
 
-_log = structlog.get_logger(__name__)
+
+def _log() -> Any:
+    # Imported where used, so that loading the config stays fast.
+    import structlog
+
+    return structlog.get_logger(__name__)
+
 
 Scorer = Literal["ratio", "token_sort_ratio", "token_set_ratio", "partial_ratio", "WRatio"]
 
@@ -252,10 +258,10 @@ def _parse_row(
         for i, item in enumerate(value):
             if isinstance(item, str):
                 out.append(item)
-            elif allow_numbers and isinstance(item, int) and not isinstance(item, bool):
-                out.append(str(item))
+            elif allow_numbers and isinstance(item, int | float) and not isinstance(item, bool):
+                out.append(id_text(item))
             else:
-                kind = "a string or an integer" if allow_numbers else "a string"
+                kind = "a string or a number" if allow_numbers else "a string"
                 raise _fail(
                     path, at(field), f"{field}[{i}]", f"must be {kind}, got {type(item).__name__}"
                 )
@@ -489,7 +495,7 @@ class ReferenceStore:
             except ReferenceStoreError as exc:
                 digest = self._digest_or_none()
                 if digest != self._failed_digest:
-                    _log.error(
+                    _log().error(
                         "reference_store.reload_failed",
                         path=str(self._path),
                         error=str(exc),
@@ -501,7 +507,7 @@ class ReferenceStore:
                     self._signature = self._stat()
                 return False
             if changed:
-                _log.info(
+                _log().info(
                     "reference_store.reloaded",
                     path=str(self._path),
                     version=self.version,
@@ -546,7 +552,7 @@ class ReferenceStore:
             try:
                 await asyncio.to_thread(self.poll)
             except Exception:  # poll() reports its own errors; never let the task die
-                _log.exception("reference_store.poll_crashed", path=str(self._path))
+                _log().exception("reference_store.poll_crashed", path=str(self._path))
 
     async def aclose(self) -> None:
         """Stop polling."""

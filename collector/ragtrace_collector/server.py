@@ -11,14 +11,17 @@ then ready.  On SIGTERM or SIGINT:
 4. exit 0.
 
 A configuration error is reported (key and problem) before anything listens, and
-``serve`` exits 1; failing to bind a port also exits 1.
+``serve`` exits 1; so does a port that cannot be bound, named with its config key
+(:mod:`ragtrace_collector.ports`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from ragtrace_collector.config import CollectorConfig, ConfigError, load_config
 from ragtrace_collector.exporters import Exporter, build_exporter
 from ragtrace_collector.logs import configure_logging, get_logger
 from ragtrace_collector.pipeline import PassThroughProcessor, Pipeline, TraceProcessor
+from ragtrace_collector.ports import Endpoint, StartupError, bind_problem, port_problems
 from ragtrace_collector.receivers.auth import BearerAuth
 from ragtrace_collector.receivers.grpc import GrpcReceiver
 from ragtrace_collector.receivers.http import HttpReceiver
@@ -145,23 +149,53 @@ class CollectorService:
         return self.admin.address if self.admin else None
 
     # -------------------------------------------------------------- lifecycle
+    def endpoints(self) -> list[Endpoint]:
+        """The enabled listening endpoints, with their config keys and serve flags."""
+        cfg = self.config
+        parts = [
+            (cfg.admin.enabled, "admin.endpoint", "--admin-endpoint", cfg.admin.endpoint),
+            (
+                cfg.receivers.grpc.enabled,
+                "receivers.grpc.endpoint",
+                "--grpc-endpoint",
+                cfg.receivers.grpc.endpoint,
+            ),
+            (
+                cfg.receivers.http.enabled,
+                "receivers.http.endpoint",
+                "--http-endpoint",
+                cfg.receivers.http.endpoint,
+            ),
+        ]
+        return [Endpoint(key, flag, endpoint) for on, key, flag, endpoint in parts if on]
+
     async def start(self) -> None:
-        """Bind every port and start every part; on failure, undo and re-raise."""
+        """Bind every port and start every part; on failure, undo and re-raise.
+
+        A port that cannot be bound raises :class:`StartupError` naming its config key
+        (every such port, checked before anything listens)."""
         self._started = True
+        problems = port_problems(self.endpoints())
+        if problems:
+            raise StartupError("\n".join(problems))
+        where = {e.key: e for e in self.endpoints()}
         try:
             if self.admin is not None:
-                host, port = await self.admin.start()
+                async with _binding(where["admin.endpoint"]):
+                    host, port = await self.admin.start()
                 self._log.info("admin_listening", endpoint=f"{host}:{port}")
             await self.pipeline.start()
             if self.stage is not None:
                 self.stage.start()
             if self.grpc_receiver is not None:
-                host, port = await self.grpc_receiver.start()
+                async with _binding(where["receivers.grpc.endpoint"]):
+                    host, port = await self.grpc_receiver.start()
                 self._log.info(
                     "receiver_listening", receiver="otlp_grpc", endpoint=f"{host}:{port}"
                 )
             if self.http_receiver is not None:
-                host, port = await self.http_receiver.start()
+                async with _binding(where["receivers.http.endpoint"]):
+                    host, port = await self.http_receiver.start()
                 self._log.info(
                     "receiver_listening", receiver="otlp_http", endpoint=f"{host}:{port}"
                 )
@@ -225,11 +259,25 @@ class CollectorService:
             await self.admin.stop()
 
 
-async def _serve(config: CollectorConfig) -> int:
+@contextlib.asynccontextmanager
+async def _binding(where: Endpoint) -> AsyncIterator[None]:
+    """An ``OSError`` while binding ``where`` becomes a :class:`StartupError` naming
+    its config key (the port may be taken after :func:`port_problems` looked)."""
+    try:
+        yield
+    except OSError as exc:
+        raise StartupError(bind_problem(where, exc)) from exc
+
+
+async def _serve(config: CollectorConfig, source: str) -> int:
     log = get_logger("service")
     try:
         service = CollectorService(config)
-    except Exception as exc:  # settings that fail only when built: a reference file...
+    except ConfigError as exc:  # serve's checks (the ones check-config runs)
+        log.error("startup_failed", error="invalid configuration", problems=exc.problems)
+        print(ConfigError(exc.problems, source).render(), file=sys.stderr)
+        return 1
+    except Exception as exc:  # settings that fail only when built
         log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
         print(f"ragtrace-collector: cannot start: {exc}", file=sys.stderr)
         return 1
@@ -239,12 +287,21 @@ async def _serve(config: CollectorConfig) -> int:
         loop.add_signal_handler(sig, _on_signal, sig, stop, log)
     try:
         await service.start()
-    except Exception as exc:  # a port in use, an unreadable certificate...
+    except StartupError as exc:  # a port in use, not allowed, not an address here
+        log.error("startup_failed", error=str(exc))
+        print(f"ragtrace-collector: cannot start:\n  - {_bullets(exc)}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # an unreadable certificate...
         log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
+        print(f"ragtrace-collector: cannot start: {exc}", file=sys.stderr)
         return 1
     await stop.wait()
     await service.stop()
     return 0
+
+
+def _bullets(exc: StartupError) -> str:
+    return "\n  - ".join(str(exc).splitlines())
 
 
 def _on_signal(sig: signal.Signals, stop: asyncio.Event, log: Any) -> None:
@@ -255,15 +312,17 @@ def _on_signal(sig: signal.Signals, stop: asyncio.Event, log: Any) -> None:
     stop.set()
 
 
-def serve_command(config_path: Path | None) -> int:
-    """``ragtrace-collector serve [--config FILE]``; returns the exit code."""
+def serve_command(config_path: Path | None, overrides: Mapping[str, str] | None = None) -> int:
+    """``ragtrace-collector serve [--config FILE] [--set KEY=VALUE ...]``; returns the
+    exit code.  ``overrides`` (dotted key -> YAML value) win over the file."""
     try:
-        config = load_config(config_path)
+        config = load_config(config_path, overrides=overrides)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 1
     configure_logging(config.logging.level, config.logging.format, secrets=config.secrets())
     try:
-        return asyncio.run(_serve(config))
+        source = str(config_path) if config_path is not None else "(defaults)"
+        return asyncio.run(_serve(config, source))
     except KeyboardInterrupt:  # a signal before the handlers were installed
         return 130

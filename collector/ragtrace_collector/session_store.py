@@ -34,14 +34,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, runtime_checkable
 
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from ragtrace_collector.units import Duration
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = [
     "MemorySessionStore",
@@ -54,7 +54,14 @@ __all__ = [
     "create_session_store",
 ]
 
-_log = structlog.get_logger(__name__)
+
+def _log() -> Any:
+    # structlog (and redis, below) are imported where used: loading the config
+    # (``check-config``, ``--help``) must stay fast.
+    import structlog
+
+    return structlog.get_logger(__name__)
+
 
 DEFAULT_WINDOW_SIZE: Final = 10
 
@@ -340,6 +347,11 @@ class RedisSessionStore:
         self._ttl_ms = max(1, round(config.ttl * 1000))
         self._prefix = config.key_prefix
         self._url = config.url
+        from redis.asyncio import Redis
+        from redis.exceptions import RedisError
+
+        #: redis-py's base error, caught around every call.
+        self._redis_error: type[Exception] = RedisError
         self._redis: Redis = (
             client
             if client is not None
@@ -368,7 +380,7 @@ class RedisSessionStore:
             try:
                 turns.append(SessionTurn.model_validate_json(raw))
             except ValidationError as exc:
-                _log.warning("session_store.bad_turn", error=str(exc), member=str(raw)[:200])
+                _log().warning("session_store.bad_turn", error=str(exc), member=str(raw)[:200])
         return turns
 
     async def append_turn(self, session_id: str, turn: SessionTurn) -> list[SessionTurn]:
@@ -383,7 +395,7 @@ class RedisSessionStore:
                 pipe.pexpire(scores_key, self._ttl_ms)
                 pipe.zrange(turns_key, 0, -1)
                 results = await pipe.execute()
-        except RedisError as exc:
+        except self._redis_error as exc:
             raise self._error("append_turn", exc)
         return self._decode(results[-1])
 
@@ -391,7 +403,7 @@ class RedisSessionStore:
         turns_key, _ = self._keys(session_id)
         try:
             members = await self._redis.zrange(turns_key, 0, -1)
-        except RedisError as exc:
+        except self._redis_error as exc:
             raise self._error("get_turns", exc)
         return self._decode(members)
 
@@ -420,7 +432,7 @@ class RedisSessionStore:
                     pipe.pexpire(scores_key, self._ttl_ms)
                     pipe.pexpire(turns_key, self._ttl_ms)
                     total, count, _, _ = await pipe.execute()
-        except RedisError as exc:
+        except self._redis_error as exc:
             raise self._error("add_window_score", exc)
         return float(total), int(count)
 
@@ -428,7 +440,7 @@ class RedisSessionStore:
         _, scores_key = self._keys(session_id)
         try:
             total, count = await self._redis.hmget(scores_key, [f"s:{metric}", f"n:{metric}"])
-        except RedisError as exc:
+        except self._redis_error as exc:
             raise self._error("get_window_scores", exc)
         if total is None or count is None:
             return 0.0, 0
@@ -437,7 +449,7 @@ class RedisSessionStore:
     async def delete_session(self, session_id: str) -> None:
         try:
             await self._redis.delete(*self._keys(session_id))
-        except RedisError as exc:
+        except self._redis_error as exc:
             raise self._error("delete_session", exc)
 
     async def aclose(self) -> None:

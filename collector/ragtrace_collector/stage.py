@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import difflib
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from ragtrace_collector.alerts.detector import DropDetector
+from ragtrace_collector.config import ConfigError
 from ragtrace_collector.evaluator import OnlineEvaluator
 from ragtrace_collector.judges.base import JudgeCallRecord
 from ragtrace_collector.judges.factory import make_judge
 from ragtrace_collector.logs import get_logger
-from ragtrace_collector.metrics import OFFLINE_METRICS, MetricOptions, build_metrics
-from ragtrace_collector.reference_store import ReferenceStore, ReferenceStoreError
+from ragtrace_collector.preflight import checked_metrics, load_reference_store, preflight_problems
+from ragtrace_collector.reference_store import ReferenceStore
 from ragtrace_collector.results import MetricResult
 from ragtrace_collector.sampling import Sampler
 from ragtrace_collector.session_store import create_session_store
@@ -77,42 +74,13 @@ class EvaluationStage:
             await self.reference_store.aclose()
 
 
-def _check_metric_defaults(defaults: Mapping[str, Any]) -> None:
-    """``evaluation.metric_defaults`` holds metric options: check them on their own, so
-    that a typo names its key rather than the first metric it is applied to."""
-    try:
-        MetricOptions.model_validate(dict(defaults))
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors(include_url=False):
-            key = ".".join(str(p) for p in error["loc"])
-            if error["type"] == "extra_forbidden":
-                close = difflib.get_close_matches(key, list(MetricOptions.model_fields), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                problems.append(f"evaluation.metric_defaults.{key}: unknown key{hint}")
-            else:
-                problems.append(f"evaluation.metric_defaults.{key}: {error['msg']}")
-        raise ValueError("; ".join(problems)) from None
-
-
-def _check_alert_rules(config: CollectorConfig, evaluated: list[str], log: Any) -> None:
-    """A rule on a metric this collector does not compute could never fire: that is a
-    configuration error, not a silent no-op.  Notifiers without rules get a warning
-    (there are no default rules)."""
-    for index, rule in enumerate(config.alerts.rules):
-        if rule.metric not in evaluated:
-            close = difflib.get_close_matches(rule.metric, evaluated, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(
-                f"alerts.rules.{index}.metric: rule {rule.name!r} watches {rule.metric!r},"
-                f" which this collector does not evaluate, so it could never fire ({hint}"
-                f"evaluated metrics: {', '.join(evaluated)})"
-            )
+def _warn_about_alerts(config: CollectorConfig, log: Any) -> None:
+    """Notifiers without rules send nothing (there are no default rules): a warning."""
     alerts = config.alerts
     notifies = (alerts.webhook is not None and alerts.webhook.enabled) or (
         alerts.alertmanager is not None and alerts.alertmanager.enabled
     )
-    if notifies and not alerts.rules:
+    if alerts.enabled and notifies and not alerts.rules:
         log.warning(
             "alerts_without_rules",
             detail="a webhook or Alertmanager is configured but alerts.rules is empty;"
@@ -121,9 +89,10 @@ def _check_alert_rules(config: CollectorConfig, evaluated: list[str], log: Any) 
 
 
 def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStage:
-    """The evaluation stage ``config`` describes.  Raises ``ValueError`` with a clear
-    message for settings that only fail when built (e.g. a missing API key variable,
-    a broken reference file)."""
+    """The evaluation stage ``config`` describes.  Raises :class:`ConfigError` with
+    every problem of :func:`~ragtrace_collector.preflight.preflight_problems` (a
+    missing API key variable, a broken reference file, an alert rule on a metric that
+    is not evaluated...), the checks ``check-config`` runs too."""
     log = get_logger("evaluation")
     listeners: list[Any] = []
     on_call_hooks: list[Any] = []
@@ -132,29 +101,21 @@ def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStag
         for hook in on_call_hooks:
             hook(record)
 
+    # The checks check-config runs too (one function); the reference file is read once.
+    problems = preflight_problems(config, reference_file=False)
+    reference_store, reference_problems = load_reference_store(config)
+    problems += reference_problems
+    if problems:
+        raise ConfigError(problems, "configuration")
+    metrics, _problems = checked_metrics(config)
     try:
         judge = make_judge(config.judge, on_call=on_call)
     except ValueError as exc:
         raise ValueError(f"judge: {exc}") from exc
-    _check_metric_defaults(config.evaluation.metric_defaults)
-    names = list(config.metrics) if config.metrics is not None else list(OFFLINE_METRICS)
-    try:
-        metrics = build_metrics(
-            names, config.metrics or {}, defaults=config.evaluation.metric_defaults
-        )
-    except ValueError as exc:
-        raise ValueError(f"metrics: {exc}") from exc
-    reference_store: ReferenceStore | None = None
-    if config.reference_store is not None:
-        try:
-            reference_store = ReferenceStore(config.reference_store)
-        except (ReferenceStoreError, OSError, ValueError) as exc:
-            raise ValueError(f"reference_store.path: {exc}") from exc
     window = max((m.options.window_size for m in metrics if m.kind == "conversation"), default=10)
     session_store = create_session_store(config.session_store, window_size=window)
     detector: DropDetector | None = None
-    if config.alerts.enabled:
-        _check_alert_rules(config, [m.name for m in metrics], log)
+    _warn_about_alerts(config, log)
     if config.alerts.enabled and config.alerts.rules:
         detector = DropDetector.from_config(config.alerts, telemetry=telemetry)
         active = detector

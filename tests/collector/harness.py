@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -11,6 +13,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from opentelemetry.sdk.resources import Resource
@@ -327,3 +330,21 @@ def assert_delivered_exactly(emitted: list[ReadableSpan], received: list[Receive
 def admin_json(url: str) -> tuple[int, dict[str, Any]]:
     status, body = http_get(url)
     return status, json.loads(body)
+
+
+def serve_until_exit(config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``ragtrace-collector serve --config config`` run to its exit (a collector that
+    refuses to start), with its output."""
+    return subprocess.run(
+        [
+            str(Path(sys.executable).with_name("ragtrace-collector")),
+            "serve",
+            "--config",
+            str(config),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )

@@ -220,6 +220,9 @@ def test_check_config_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_check_config_command_line_and_the_shipped_docker_config(tmp_path: Path) -> None:
     docker = ROOT / "docker" / "collector.yaml"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGTRACE_")}
+    # The reference file check-config reads (docker-compose mounts it in the container).
+    golden = ROOT / "examples" / "support_bot" / "data" / "golden.jsonl"
+    env["RAGTRACE_REFERENCE_FILE"] = str(golden)
     done = subprocess.run(
         [str(COLLECTOR), "check-config", str(docker)],
         capture_output=True,

@@ -1,6 +1,6 @@
-"""Reading README.md: fenced code blocks (with the HTML comment marker right above
-each), sections between ``<!-- name:begin -->`` / ``<!-- name:end -->``, headings and
-links."""
+"""Reading README.md and the documents in docs/: fenced code blocks (with the HTML
+comment marker right above each), sections between ``<!-- name:begin -->`` /
+``<!-- name:end -->``, headings and links."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+METRICS_DOC = ROOT / "docs" / "metrics.md"
+CONFIG_DOC = ROOT / "docs" / "configuration.md"
+#: Every document whose examples and links the tests check.
+DOCUMENTS = (README, METRICS_DOC, CONFIG_DOC)
 
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<info>[^`\n]*)$")
 _MARKER = re.compile(r"^\s*<!--\s*(?P<marker>[^>]*?)\s*-->\s*$")
@@ -25,16 +29,22 @@ class Block:
     marker: str
     #: 1-based line of the opening fence.
     line: int
+    #: The document, relative to the repository root.
+    doc: str = "README.md"
 
     def where(self) -> str:
-        return f"README.md:{self.line} ({self.lang or 'no language'}, {self.marker or 'unmarked'})"
+        return f"{self.doc}:{self.line} ({self.lang or 'no language'}, {self.marker or 'unmarked'})"
 
 
 def readme_text() -> str:
     return README.read_text(encoding="utf-8")
 
 
-def code_blocks(text: str) -> list[Block]:
+def doc_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def code_blocks(text: str, doc: str = "README.md") -> list[Block]:
     lines = text.splitlines()
     blocks: list[Block] = []
     i = 0
@@ -51,7 +61,7 @@ def code_blocks(text: str) -> list[Block]:
             body.append(lines[i][indent:] if lines[i][:indent].strip() == "" else lines[i])
             i += 1
         if i >= len(lines):
-            raise AssertionError(f"README.md:{start + 1}: unclosed code fence")
+            raise AssertionError(f"{doc}:{start + 1}: unclosed code fence")
         marker_match = _MARKER.match(lines[start - 1]) if start > 0 else None
         blocks.append(
             Block(
@@ -59,6 +69,7 @@ def code_blocks(text: str) -> list[Block]:
                 body="\n".join(body) + "\n",
                 marker=marker_match.group("marker") if marker_match else "",
                 line=start + 1,
+                doc=doc,
             )
         )
         i += 1

@@ -27,6 +27,7 @@ from tests.docker._files import (
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 SINGLE = DOCKER / "collector.yaml"
 SCALE_OUT = DOCKER / "scale-out" / "collector.yaml"
+GOLDEN = str(DOCKER.parent / "examples" / "support_bot" / "data" / "golden.jsonl")
 
 
 def _clean_env() -> dict[str, str]:
@@ -42,7 +43,12 @@ def _load(path: Path, compose: Path, service: str, **extra: str) -> CollectorCon
 def test_check_config_accepts_the_example(path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ragtrace_collector.cli", "check-config", str(path)],
-        env={**_clean_env(), "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+        # check-config reads the reference file, which compose mounts in the container.
+        env={
+            **_clean_env(),
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "RAGTRACE_REFERENCE_FILE": GOLDEN,
+        },
         capture_output=True,
         text=True,
         timeout=60,

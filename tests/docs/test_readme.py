@@ -1,6 +1,7 @@
-"""README.md cannot drift from the code: the configuration reference is the generator's
-output, every YAML example is a valid config (or a valid reference file), the metric
-reference names exactly the registered metrics, and every link resolves."""
+"""README.md and docs/ cannot drift from the code: the configuration reference
+(docs/configuration.md) is the generator's output, every YAML example is a valid config
+(or a valid reference file), the metric reference (docs/metrics.md) names exactly the
+registered metrics and the default set, and every link resolves."""
 
 from __future__ import annotations
 
@@ -12,15 +13,19 @@ import pytest
 import yaml
 
 from ragtrace_collector.config import ConfigError, parse_config
-from ragtrace_collector.configref import REGENERATE, extract_block, render_reference
+from ragtrace_collector.configref import DOCUMENT, REGENERATE, extract_block, render_reference
 from ragtrace_collector.loaders import load_dataset
 from ragtrace_collector.metrics import METRIC_NAMES, NO_JUDGE_METRICS, OFFLINE_METRICS
 from ragtrace_collector.reference_store import ReferenceStore, ReferenceStoreConfig
 from tests.docs._readme import (
+    CONFIG_DOC,
+    DOCUMENTS,
+    METRICS_DOC,
     ROOT,
     Block,
     between,
     code_blocks,
+    doc_text,
     github_anchor,
     outside_code,
     readme_text,
@@ -31,7 +36,13 @@ _CHECKS = {"check: reference-jsonl", "check: reference-yaml", "check: eval-datas
 
 
 def _blocks(lang: str) -> list[Block]:
-    return [b for b in code_blocks(readme_text()) if b.lang == lang]
+    """The ``lang`` code blocks of the README and of every document in docs/."""
+    return [
+        b
+        for path in DOCUMENTS
+        for b in code_blocks(doc_text(path), str(path.relative_to(ROOT)))
+        if b.lang == lang
+    ]
 
 
 def _config_blocks() -> list[Block]:
@@ -39,18 +50,26 @@ def _config_blocks() -> list[Block]:
 
 
 def test_config_reference_matches_the_generator() -> None:
-    in_readme = extract_block(readme_text())
+    assert CONFIG_DOC == ROOT / DOCUMENT
+    in_doc = extract_block(doc_text(CONFIG_DOC))
     generated = render_reference()
-    assert in_readme == generated, (
-        "README.md's configuration reference is out of date with the config models; "
+    assert in_doc == generated, (
+        f"{DOCUMENT}'s configuration reference is out of date with the config models; "
         f"regenerate it with: .venv/bin/{REGENERATE}"
     )
+
+
+def test_the_readme_points_to_the_references_instead_of_holding_them() -> None:
+    text = readme_text()
+    assert "config-reference:begin" not in text
+    assert "](docs/configuration.md)" in text
+    assert "](docs/metrics.md)" in text
 
 
 def test_config_reference_covers_every_top_level_section() -> None:
     from ragtrace_collector.config import CollectorConfig
 
-    block = extract_block(readme_text())
+    block = extract_block(doc_text(CONFIG_DOC))
     headings = re.findall(r"^### `([a-z_]+)`$", block, re.MULTILINE)
     assert headings == list(CollectorConfig.model_fields)
 
@@ -60,7 +79,7 @@ def test_there_are_collector_config_examples() -> None:
     assert len(_config_blocks()) >= 6
 
 
-@pytest.mark.parametrize("block", _config_blocks(), ids=lambda b: f"line{b.line}")
+@pytest.mark.parametrize("block", _config_blocks(), ids=lambda b: f"{b.doc}:{b.line}")
 def test_every_yaml_example_is_a_valid_collector_config(block: Block) -> None:
     data = yaml.safe_load(block.body)
     assert isinstance(data, dict), f"{block.where()}: not a mapping"
@@ -118,7 +137,7 @@ def test_eval_dataset_example_loads_with_deepeval_and_ragas_names(tmp_path: Path
 
 
 def _metric_rows() -> list[list[str]]:
-    table = between(readme_text(), "metrics")
+    table = between(doc_text(METRICS_DOC), "metrics")
     rows = []
     for line in table.strip().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -138,9 +157,22 @@ def test_metric_reference_marks_exactly_the_metrics_without_a_judge() -> None:
     assert no_llm == list(NO_JUDGE_METRICS)
 
 
-def test_default_metric_set_count_is_right() -> None:
+def test_default_metric_set_is_written_out_right() -> None:
     words = {11: "eleven", 12: "twelve", 10: "ten"}
     assert f"runs the {words[len(OFFLINE_METRICS)]} metrics" in readme_text()
+    text = doc_text(METRICS_DOC)
+    paragraph = text[text.index("**The default set.**") :].split("\n\n")[0]
+    assert f"runs {words[len(OFFLINE_METRICS)]} metrics" in paragraph
+    assert re.findall(r"`([a-z_]+)`", paragraph) == list(OFFLINE_METRICS)
+
+
+def test_metric_doc_has_a_section_for_every_metric() -> None:
+    text = doc_text(METRICS_DOC)
+    headings = re.findall(r"^### `([a-z_]+)`(?: and `([a-z_]+)`)?$", text, re.MULTILINE)
+    named = [n for pair in headings for n in pair if n]
+    assert sorted(named) == sorted(METRIC_NAMES)
+    for differs in ("Skip versus 0", "Entity normalisation", "verdict-word rule", "Float ids"):
+        assert differs in text, differs
 
 
 def test_python_snippets_compile() -> None:
@@ -150,15 +182,23 @@ def test_python_snippets_compile() -> None:
         compile(block.body, block.where(), "exec")
 
 
-def test_internal_links_resolve() -> None:
-    text = readme_text()
-    prose = outside_code(text)
+def _anchors(path: Path) -> set[str]:
+    prose = outside_code(doc_text(path))
     anchors = {github_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", prose, re.MULTILINE)}
-    anchors |= set(re.findall(r'<a id="([^"]+)">', prose))
+    return anchors | set(re.findall(r'<a id="([^"]+)">', prose))
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.name)
+def test_internal_links_resolve(path: Path) -> None:
+    prose = outside_code(doc_text(path))
+    name = path.relative_to(ROOT)
     for target in re.findall(r"\]\(#([^)]+)\)", prose):
-        assert target in anchors, f"README link to #{target}: no such heading"
-    for target in re.findall(r"\]\((?!https?://|#)([^)#]+)[^)]*\)", prose):
-        assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+        assert target in _anchors(path), f"{name} links to #{target}: no such heading"
+    for target, anchor in re.findall(r"\]\((?!https?://|#)([^)#]+)(?:#([^)]*))?\)", prose):
+        linked = (path.parent / target).resolve()
+        assert linked.exists(), f"{name} links to {target}, which does not exist"
+        if anchor and linked.suffix == ".md":
+            assert anchor in _anchors(linked), f"{name} links to {target}#{anchor}: no heading"
 
 
 def test_readme_starts_with_the_two_commands() -> None:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from ragtrace_collector.cases import ContextItem, Conversation, Turn
 from ragtrace_collector.judges.base import JudgeError, JudgeTask, UsefulnessRequest
 from ragtrace_collector.metrics import (
+    NOTHING_RETRIEVED_YET,
     ConversationMetric,
     build_metric,
     conversation_windows,
@@ -148,12 +149,15 @@ async def test_measure_window_by_index_and_out_of_range() -> None:
     assert "unit 3" in missing.reason
 
 
-async def test_no_windows_scores_one_and_missing_outcome_is_skipped() -> None:
+async def test_no_windows_and_missing_outcome_are_skipped() -> None:
     metric = build_metric("turn_contextual_precision")
     assert isinstance(metric, ConversationMetric)
     empty = Conversation(turns=[U("hello?")], expected_outcome="x")
     result = await metric.measure_conversation(empty, ScriptedJudge({}))
-    assert result.score == 1.0
+    assert result.skipped
+    assert result.score is None
+    assert "no complete units" in result.reason
+    assert metric.conversation_result([]).skipped
     skipped = await metric.measure_conversation(
         Conversation(turns=EXAMPLE.turns), ScriptedJudge({})
     )
@@ -258,6 +262,7 @@ def test_property_online_equals_offline(turns: list[Turn], window_size: int) -> 
         judge = ScriptedJudge({"usefulness": node_verdicts})
         offline = await metric.measure_conversation(conv, judge)
         scores: list[float | None] = []
+        skipped: list[bool] = []
         n_units = len(split_units(turns))
         # Each unit completes at its last turn; score it with the turns up to there.
         from ragtrace_collector.metrics import split_unit_ranges
@@ -266,8 +271,48 @@ def test_property_online_equals_offline(turns: list[Turn], window_size: int) -> 
             so_far = Conversation(turns=turns[: r.stop], expected_outcome="outcome")
             w = await metric.measure_window(so_far, u, judge)
             scores.append(w.details["window_score"])
+            skipped.append(w.skipped)
         assert len(scores) == n_units
+        if offline.skipped:  # no units, or nothing retrieved: every online window skipped
+            assert all(skipped)
+            return None, None
         return offline.score, metric.conversation_result(scores).score
 
     offline, online = asyncio.run(run())
     assert offline == pytest.approx(online, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "name", ["turn_contextual_precision", "turn_contextual_recall", "turn_contextual_relevancy"]
+)
+async def test_a_conversation_without_retrieval_is_skipped(name: str) -> None:
+    # Every Ragas multi-turn sample looks like this: no window has any context.
+    conv = Conversation(
+        turns=[U("q1"), A("a1"), U("q2"), A("a2"), U("q3"), A("a3")], expected_outcome="o."
+    )
+    metric = build_metric(name, {"window_size": 1})
+    assert isinstance(metric, ConversationMetric)
+    judge = ScriptedJudge({})
+    result = await metric.measure_conversation(conv, judge)
+    assert result.skipped
+    assert result.score is None
+    assert result.passed is None
+    assert "no retrieval context" in result.reason
+    assert judge.calls == []
+    # Online, turn by turn: every window is skipped and flagged for the evaluator.
+    for unit in range(3):
+        window = await metric.measure_window(conv, unit, judge)
+        assert window.skipped
+        assert window.details[NOTHING_RETRIEVED_YET] is True
+
+
+async def test_contextless_window_still_scores_one_when_others_retrieved() -> None:
+    conv = Conversation(turns=[U("q1"), A("a1", "n1"), U("q2"), A("a2")], expected_outcome="o.")
+    metric = build_metric("turn_contextual_recall", {"window_size": 1})
+    assert isinstance(metric, ConversationMetric)
+    judge = ScriptedJudge({"attribution": [{"verdicts": [{"statement": "o", "verdict": "no"}]}]})
+    result = await metric.measure_conversation(conv, judge)
+    assert result.details["window_scores"] == [0.0, 1.0]
+    assert result.score == 0.5
+    online = await metric.measure_window(conv, 1, judge)
+    assert online.score == 1.0

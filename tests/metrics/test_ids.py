@@ -60,3 +60,14 @@ async def test_ids_come_from_the_retrieval_context() -> None:
     r = await build_metric("id_context_recall").measure(c, None)
     assert r.score == 0.5
     assert r.details["missing"] == ["d9"]
+
+
+async def test_integral_float_ids_equal_integers() -> None:
+    # Decision (docs/metrics.md): 3.0 is the id 3, as Ragas coerces it; "3.0" is not.
+    c = case(retrieved_ids=[3.0, 4.0, "5.0"], reference_ids=["3", 4, 5])
+    assert c.retrieved_ids() == ["3", "4", "5.0"]
+    r = await build_metric("id_context_recall").measure(c, None)
+    assert r.score == pytest.approx(2 / 3)
+    assert ContextItem(content="x", id=2.0).id == "2"
+    assert ContextItem(content="x", id=2.5).id == "2.5"
+    assert RAGCase(reference_context_ids=[1.0, "1.0"]).reference_context_ids == ["1", "1.0"]

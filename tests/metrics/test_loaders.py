@@ -208,3 +208,42 @@ def test_file_level_errors(tmp_path: Path) -> None:
     scalar.write_text("42")
     with pytest.raises(DatasetError, match="expected a list"):
         load_dataset(scalar)
+
+
+def test_jsonl_splits_on_newline_only(tmp_path: Path) -> None:
+    # json.dumps(ensure_ascii=False) leaves U+2028, U+2029 and U+0085 raw in strings;
+    # they are not line breaks in JSONL.
+    rows = [
+        {"input": "one\u2028two", "expected_output": "a\u0085b"},
+        {"input": "plain"},
+        {"input": "three\u2029four\x1cfive"},
+    ]
+    path = tmp_path / "d.jsonl"
+    path.write_text(
+        "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\r\n", encoding="utf-8"
+    )
+    loaded = load_dataset(path)
+    assert loaded.errors == []
+    assert [c.input for c in loaded.cases] == ["one\u2028two", "plain", "three\u2029four\x1cfive"]
+    assert loaded.cases[0].expected_output == "a\u0085b"
+    assert loaded.lines == [1, 2, 3]
+    bad = parse_text('{"input": "x\u2028y"}\n{oops}\n{"input": "z"}')
+    assert [e.line for e in bad.errors] == [2]
+    assert bad.lines == [1, 3]
+
+
+def test_integral_float_ids_match_their_integer(tmp_path: Path) -> None:
+    # A column of numbers read as floats (3.0) names the same document as 3 and "3";
+    # a non-integral float and the string "3.0" are kept as written.
+    loaded = parse_text(
+        json.dumps(
+            {
+                "input": "q",
+                "retrieved_context_ids": [3.0, 4.5, "3.0", 7],
+                "reference_context_ids": ["3", 7.0],
+            }
+        )
+    )
+    (c,) = loaded.cases
+    assert c.retrieved_context_ids == ["3", "4.5", "3.0", "7"]
+    assert c.reference_context_ids == ["3", "7"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ragtrace_collector.judges.base import JudgeError
-from ragtrace_collector.metrics import build_metric
+from ragtrace_collector.metrics import build_metric, normalise_verdict
 from ragtrace_collector.results import Cost
 
 from .conftest import ScriptedJudge, case, verdicts
@@ -22,6 +22,10 @@ CASE = case(expected_output="Paris is the capital. It is in France.", contexts=[
         # normalisation: lower-case, first word, punctuation dropped
         (["Yes.", "NO", "yes, node 1", "No - not there"], 0.5),
         (["Yes", "unsure", "idk"], 1.0),
+        # the leading [a-z]+ run, as DeepEval reads it: "yes2" is yes ...
+        (["yes2", "no"], 0.5),
+        # ... and a verdict that does not start with a letter is dropped
+        ([".no", "**yes**", "yes", " no!", "- no"], 0.5),
     ],
 )
 async def test_verdict_table(words: list[str], expected: float) -> None:
@@ -32,6 +36,24 @@ async def test_verdict_table(words: list[str], expected: float) -> None:
     assert not result.skipped
     assert result.error is None
     assert len(judge.calls) == 1  # one call, reason included
+
+
+@pytest.mark.parametrize(
+    ("raw", "word"),
+    [
+        (" Yes.", "yes"),
+        ("yes2", "yes"),
+        ("NO - not there", "no"),
+        ("idk", "idk"),
+        (".no", ""),
+        ("**yes**", ""),
+        ("2yes", ""),
+        ("", ""),
+        ("   ", ""),
+    ],
+)
+def test_verdict_word_rule(raw: str, word: str) -> None:
+    assert normalise_verdict(raw) == word
 
 
 async def test_dropped_verdicts_are_reported() -> None:

@@ -221,7 +221,7 @@ def _error(tmp_path: Path, name: str, text: str) -> str:
             ['{"input": "a", "reference_context_ids": [1, null]}'],
             ":1",
             "'reference_context_ids[1]'",
-            "integer",
+            "a string or a number",
         ),
         (
             ['{"input": "a", "user_input": "a", "reference": "b"}'],
@@ -402,3 +402,13 @@ async def test_zero_interval_does_not_poll(tmp_path: Path) -> None:
     store.start()
     await store.aclose()
     assert store.version == 1
+
+
+def test_integral_float_ids_are_their_integer(tmp_path: Path) -> None:
+    # 3.0 (a number column read as floats) is the document 3, as in the loaders.
+    path = _write_jsonl(
+        tmp_path / "refs.jsonl", [{"input": "q", "reference_context_ids": [3.0, 4.5, "5", 6]}]
+    )
+    entry = _store(path).lookup("q")
+    assert entry is not None
+    assert entry.reference_context_ids == ("3", "4.5", "5", "6")

@@ -171,7 +171,7 @@ class DropRule(BaseModel):
 
     #: Unique rule name (default: ``<metric>_drop`` or ``<metric>_drop_<service>``).
     name: str = Field(min_length=1)
-    metric: str = Field(min_length=1, description="The metric watched (a name of METRICS.md).")
+    metric: str = Field(min_length=1, description="The metric watched (a name of docs/metrics.md).")
     service: str | None = Field(
         None, description="Watch this service only; unset: each service separately."
     )

@@ -11,8 +11,9 @@ Two judges implement the contract:
   lexical rules, no network.
 
 Verdict strings are kept raw in the responses (``"yes"``, ``"No."``, ``"maybe"``);
-the metrics normalise them (lower-case, first word) as METRICS.md specifies, so that
-an odd verdict is dropped by the formula and not silently coerced by the parser.
+the metrics read them (the leading ``[a-z]+`` run, lower-cased) as docs/metrics.md
+specifies, so that an odd verdict is dropped by the formula and not silently coerced by
+the parser.
 
 A judge raises :class:`JudgeError` when it cannot produce a valid answer; metrics
 turn that into an error result (never a guessed score).

@@ -1,4 +1,4 @@
-"""The metric suite of METRICS.md.
+"""The metric suite (docs/metrics.md).
 
 >>> metric = build_metric("contextual_recall", {"threshold": 0.7})
 >>> result = await metric.measure(case, judge)          # doctest: +SKIP
@@ -27,6 +27,7 @@ from ragtrace_collector.metrics.base import (
     normalise_verdict,
 )
 from ragtrace_collector.metrics.conversation import (
+    NOTHING_RETRIEVED_YET,
     TurnContextualPrecision,
     TurnContextualRecall,
     TurnContextualRelevancy,
@@ -55,6 +56,7 @@ __all__ = [
     "DEFAULT_ENTITY_CACHE",
     "HEURISTIC_PREFIX",
     "METRIC_NAMES",
+    "NOTHING_RETRIEVED_YET",
     "NO_JUDGE_METRICS",
     "OFFLINE_METRICS",
     "ConversationMetric",
@@ -98,7 +100,7 @@ _REGISTRY: dict[str, Callable[[MetricOptions], MetricBase]] = {
     )
 }
 
-#: Every metric name, in METRICS.md order.
+#: Every metric name, in the order of docs/metrics.md.
 METRIC_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
 #: Metrics that never call a judge.

@@ -127,12 +127,14 @@ class ConversationMetric(Metric, Protocol):
 
 
 # ----------------------------------------------------------------------- rules
-_FIRST_WORD = re.compile(r"[^\W_]+")
+_VERDICT_WORD = re.compile(r"[a-z]+")
 
 
 def normalise_verdict(verdict: str) -> str:
-    """Lower-case, first word, surrounding punctuation dropped: ``" Yes."`` -> ``"yes"``."""
-    m = _FIRST_WORD.search(verdict.lower())
+    """The leading ``[a-z]+`` run of the stripped, lower-cased verdict, as DeepEval
+    reads it: ``" Yes."`` -> ``"yes"``, ``"yes2"`` -> ``"yes"``; ``".no"`` and
+    ``"**yes**"`` give ``""`` (dropped by the metrics)."""
+    m = _VERDICT_WORD.match(verdict.strip().lower())
     return m.group(0) if m else ""
 
 

@@ -9,14 +9,21 @@ unanswered user message is dropped).
 **Windows.** Window *i* is units ``[max(0, i-w+1) .. i]`` flattened: its user text is
 the window's user turns joined, its retrieval context the concatenated contexts of
 its assistant turns (assistant content is not used).  A window without retrieval
-context scores 1 with no judge call.
+context scores 1 with no judge call, provided the conversation retrieved something
+elsewhere.
 
 **Conversation score** = mean of the window scores (windows that were skipped, e.g.
-no statements, are left out), 1 when there are no windows.
+no statements, are left out).  With no windows, or when no window has any retrieval
+context, the metric is skipped with a reason: a conversation that retrieved nothing
+has no retrieval quality, and must not read as a perfect 1 (DeepEval scores it 1).
 
 **Online form.** The collector sees one turn at a time.  When a turn completes it
 calls :meth:`measure_window` with the conversation so far and the index of the unit
 that turn ends (``-1`` for the last one): one window evaluation per completed turn.
+A window without context, in a conversation whose turns so far retrieved nothing, is
+reported skipped, with ``details["window_score"] == 1`` and
+``details[NOTHING_RETRIEVED_YET]`` set: the evaluator adds it to the running sums but
+writes no conversation score until some window has retrieval context.
 The window's unstrict score is ``details["window_score"]``; feeding every window
 score so far into :meth:`conversation_result` gives the running conversation score,
 and over the whole conversation that equals :meth:`measure_conversation`.
@@ -45,6 +52,7 @@ from ragtrace_collector.metrics.relevancy import relevance_outcome
 from ragtrace_collector.results import Cost, MetricResult
 
 __all__ = [
+    "NOTHING_RETRIEVED_YET",
     "TurnContextualPrecision",
     "TurnContextualRecall",
     "TurnContextualRelevancy",
@@ -122,6 +130,16 @@ def conversation_windows(turns: Sequence[Turn], window_size: int) -> list[Window
 
 
 # ---------------------------------------------------------------- metrics
+#: Detail key of a window result: skipped because nothing was retrieved so far.
+NOTHING_RETRIEVED_YET = "nothing_retrieved_yet"
+_NO_UNITS = "no complete units to score (a user turn answered by the assistant)"
+_NOTHING_RETRIEVED = "no retrieval context in any window of the conversation"
+
+
+def _retrieved_anything(turns: Sequence[Turn]) -> bool:
+    return any(t.role == "assistant" and t.retrieval_context for t in turns)
+
+
 class _TurnMetric(MetricBase):
     kind = "conversation"
     needs_expected_outcome = True
@@ -177,6 +195,13 @@ class _TurnMetric(MetricBase):
             return self.error_result(f"{exc.kind}: {exc}", run, {"unit_index": index})
         except Exception as exc:
             return self.error_result(f"internal: {type(exc).__name__}: {exc}", run)
+        if not window.contexts and not _retrieved_anything(conv.turns):
+            # Nothing retrieved yet: no score to show, but the window still counts as 1
+            # in the running mean once the conversation retrieves something, exactly
+            # as in measure_conversation.  The evaluator reads NOTHING_RETRIEVED_YET.
+            outcome = Outcome.skip(
+                _NOTHING_RETRIEVED + " so far", **outcome.details, **{NOTHING_RETRIEVED_YET: True}
+            )
         return self.result(outcome, run)
 
     async def measure_conversation(self, conv: Conversation, judge: Judge | None) -> MetricResult:
@@ -186,6 +211,12 @@ class _TurnMetric(MetricBase):
         if missing is not None:
             return self.result(Outcome.skip(missing), run)
         windows = conversation_windows(conv.turns, self.options.window_size)
+        if not windows:
+            return self.result(Outcome.skip(_NO_UNITS, window_size=self.options.window_size), run)
+        if not any(w.contexts for w in windows):
+            return self.result(
+                Outcome.skip(_NOTHING_RETRIEVED, window_size=self.options.window_size), run
+            )
         done = await asyncio.gather(
             *(self._window(conv, w, run) for w in windows), return_exceptions=True
         )
@@ -223,7 +254,7 @@ class _TurnMetric(MetricBase):
                 for o in outcomes
             ]
         if not scores:
-            return self.result(Outcome(1.0, "no complete units to score", details), run)
+            return self.result(Outcome.skip(_NO_UNITS, **details), run)
         scored = [s for s in scores if s is not None]
         if not scored:
             return self.result(Outcome.skip("no window had anything to score", **details), run)
