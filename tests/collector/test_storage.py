@@ -387,3 +387,43 @@ def test_sigterm_without_log_spills_and_exits_3_and_the_spill_replays(
         got = wait_delivered(sink, set(sender.acked), timeout=30)
     assert len(got) == 300
     assert max(got.values()) == 1
+
+
+# ------------------------------------------------------------ settlement
+def test_an_entry_stays_until_every_exporter_delivered(tmp_path: Path) -> None:
+    """Two exporters, one backend down: the log keeps the entries (and a restart
+    replays them) until the second exporter delivered too; then segments go."""
+    wal = tmp_path / "wal"
+    requests = make_requests(10, 50, tag=5)
+    wanted = {i for _, ids in requests for i in ids}
+    with OtlpSink() as up, OtlpSink() as down:
+        down.go_down()
+        cfg = collector_config(
+            exporters={"up": sink_exporter(up), "down": sink_exporter(down)},
+            storage={"directory": str(wal)},
+            shutdown={"flush_timeout": "500ms"},
+            **passthrough_sections(),
+        )
+        with running_collector(cfg) as collector:
+            addr = collector.svc.http_address
+            assert addr is not None
+            sender = Sender(f"{addr[0]}:{addr[1]}", requests, 0)
+            sender.run()
+            assert set(sender.acked) == wanted
+            wait_delivered(up, wanted, timeout=30)
+            storage = collector.svc.storage
+            assert storage is not None
+            time.sleep(0.5)
+            assert collector.call(lambda: storage.unsettled_entries) == 10
+        assert segments(wal)  # stopped with "down" still owed every span
+
+        down.come_up()
+        with running_collector(cfg) as collector:
+            got = wait_delivered(down, wanted, timeout=30)
+            storage = collector.svc.storage
+            assert storage is not None
+            wait_for(lambda: collector.call(lambda: storage.unsettled_entries) == 0)
+            wait_for(lambda: not segments(wal), what="settled segments deleted")
+        assert max(got.values()) == 1
+        # "up" got the replayed spans again: at-least-once, duplicates counted.
+        assert set(received_ids(up).values()) == {2}
