@@ -9,6 +9,7 @@ a thread where noted) on loopback, and the backend is the real OTLP sink of the 
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from ragtrace_collector.storage import Storage, StorageConfig
 from ragtrace_collector.storage.wal import WriteAheadLog
 from tests.collector.harness import (
     COLLECTOR,
@@ -427,3 +429,42 @@ def test_an_entry_stays_until_every_exporter_delivered(tmp_path: Path) -> None:
         assert max(got.values()) == 1
         # "up" got the replayed spans again: at-least-once, duplicates counted.
         assert set(received_ids(up).values()) == {2}
+
+
+@pytest.mark.parametrize("fsync", ["never", "batch", "always"])
+def test_every_fsync_policy_writes_before_acknowledging(tmp_path: Path, fsync: str) -> None:
+    """Whatever the policy, a resolved append is on disk (in the OS at least) with its
+    sequence number, in order; the ledger settles it; a reopened log finds it."""
+    config = StorageConfig.model_validate({"directory": str(tmp_path), "fsync": fsync})
+    admitted: list[int] = []
+
+    async def run() -> list[int]:
+        storage = Storage(config)
+        await storage.start()
+        seqs: list[int] = []
+
+        def tag(seq: int) -> int:
+            seqs.append(seq)
+            return 0  # nothing to deliver: settled at once
+
+        await asyncio.gather(
+            *(
+                storage.append(bytes([n]) * 1000, tag=tag, admit=lambda: admitted.append(1))
+                for n in range(50)
+            )
+        )
+        wal = storage._wal  # what is on disk now, before close
+        on_disk = [seq for seg in wal.segments for seq, _ in wal.records(seg)]
+        assert storage.unsettled_entries == 0
+        await storage.close()
+        assert on_disk == seqs
+        return seqs
+
+    seqs = asyncio.run(run())
+    assert seqs == list(range(1, 51))
+    assert len(admitted) == 50
+    reopened = WriteAheadLog(tmp_path, segment_size=1 << 20, fsync="never")
+    reopened.open()
+    assert reopened.checkpoint == 51  # every entry settled: nothing to replay
+    assert reopened.next_seq == 51
+    reopened.close()

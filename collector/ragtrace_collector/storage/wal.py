@@ -231,7 +231,7 @@ class WriteAheadLog:
                 if self._fsync == "always":
                     self._sync(fh)
                 placed.append((seq, segment.first_seq, size))
-            if fh is not None:
+            if fh is not None and self._fsync != "always":
                 self._sync(fh)
         except (OSError, StorageError) as exc:
             self._abort(start)
