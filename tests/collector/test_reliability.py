@@ -216,4 +216,5 @@ def test_sigint_while_backend_down_counts_what_the_deadline_cut(
     assert done["spans_dropped"] == 30
     assert any(e.get("event") == "export_deadline_passed" for e in serve.events)
     lost = serve.event("spans_lost_at_shutdown")
-    assert lost is not None and lost["spans"] == 30
+    assert lost is not None
+    assert lost["spans"] == 30
