@@ -43,8 +43,19 @@ Then the **evaluation stage**, in this process, pinned to the collector's core:
    concurrency (``evaluation.workers`` 32, ``judge.concurrency`` 8), and once more
    with ``judge.concurrency`` 32 to show which knob bounds it.
 
+Then, with ``--only wal``, the **write-ahead log**:
+
+6. **pass-through spans/s with and without ``storage.directory``** (``fsync: batch``,
+   the log on the temporary directory's disk), over OTLP/HTTP and OTLP/gRPC, each mode
+   run ``--wal-rounds`` times alternately and the best run kept (the machine's noise
+   hits both alike).  Target: with the log >= 0.8x without.  The kill -9 figure
+   (spans acknowledged, delivered, duplicated) is printed by the crash test,
+   ``tests/collector/test_storage.py::test_kill_9_mid_stream_loses_no_acknowledged_span``
+   (run it with ``-s``).
+
 Run: ``.venv/bin/python benchmarks/collector_throughput.py`` (``--help`` for options);
-``--only eval`` runs just the evaluation-stage part (about 30 s).
+``--only eval`` runs just the evaluation-stage part (about 30 s); ``--only wal`` just
+the write-ahead log comparison.
 """
 
 from __future__ import annotations
@@ -65,6 +76,7 @@ from typing import Any
 
 _TARGET_SPANS_PER_S = 20_000
 _TARGET_EVAL_MS_PER_CASE = 1.0
+_TARGET_WAL_RATIO = 0.8
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -321,10 +333,13 @@ def _passthrough() -> str:
 
 
 class _Collector:
-    def __init__(self, sink_grpc: int, *, decision_wait: str, buffered: int = 200_000) -> None:
+    def __init__(
+        self, sink_grpc: int, *, decision_wait: str, buffered: int = 200_000, wal: bool = False
+    ) -> None:
         self.grpc_port, self.http_port, self.admin_port = _free_ports(3)
         self.dir = tempfile.TemporaryDirectory()
         cfg = Path(self.dir.name) / "collector.yaml"
+        storage = f"storage: {{directory: {self.dir.name}/wal, fsync: batch}}\n" if wal else ""
         cfg.write_text(
             f"""
 receivers:
@@ -343,7 +358,7 @@ exporters:
     queue: {{max_spans: 200000}}
 admin: {{endpoint: "127.0.0.1:{self.admin_port}"}}
 logging: {{level: warning}}
-{_passthrough()}"""
+{storage}{_passthrough()}"""
         )
         exe = Path(sys.executable).with_name("ragtrace-collector")
         core, _ = _cpus()
@@ -352,7 +367,7 @@ logging: {{level: warning}}
             preexec_fn=_pinned(core),
             stderr=subprocess.PIPE,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while True:
             try:
                 if "ok" in str(_get(f"http://127.0.0.1:{self.admin_port}/readyz")):
@@ -747,8 +762,9 @@ def main() -> int:
     parser.add_argument("--buffered", type=int, default=100_000, help="spans for the RSS run")
     parser.add_argument("--sink-ports", default="", help=argparse.SUPPRESS)
     parser.add_argument(
-        "--only", choices=["all", "passthrough", "eval"], default="all", help="parts to run"
+        "--only", choices=["all", "passthrough", "eval", "wal"], default="all", help="parts to run"
     )
+    parser.add_argument("--wal-rounds", type=int, default=2, help="runs per mode, WAL part")
     parser.add_argument("--eval-cases", type=int, default=3000, help="cases, overhead run")
     parser.add_argument("--llm-cases", type=int, default=64, help="cases, judge-latency run")
     parser.add_argument("--judge-latency", type=float, default=0.5, help="seconds per call")
@@ -765,6 +781,10 @@ def main() -> int:
 
 def _orchestrate(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {"cpus": len(os.sched_getaffinity(0))}
+    if args.only == "wal":
+        _wal_runs(args, results)
+        _report_wal(results)
+        return 0
     if args.only != "eval":
         _passthrough_runs(args, results)
     if args.only != "passthrough":
@@ -773,7 +793,8 @@ def _orchestrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _passthrough_runs(args: argparse.Namespace, results: dict[str, Any]) -> None:
+def _start_sink() -> tuple[subprocess.Popen[str], int, int, int]:
+    """The counting sink in its own process on the non-collector core(s)."""
     sink_grpc, sink_http, sink_stats = _free_ports(3)
     _, others = _cpus()
     sink = subprocess.Popen(
@@ -791,6 +812,59 @@ def _passthrough_runs(args: argparse.Namespace, results: dict[str, Any]) -> None
     )
     assert sink.stdout is not None
     sink.stdout.readline()
+    return sink, sink_grpc, sink_http, sink_stats
+
+
+def _wal_runs(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    sink, sink_grpc, _, sink_stats = _start_sink()
+    stats_url = f"http://127.0.0.1:{sink_stats}/stats"
+    reset_url = f"http://127.0.0.1:{sink_stats}/reset"
+    print(
+        f"write-ahead log: {args.spans} spans per run, {args.batch} spans/request, "
+        f"{args.concurrency} requests in flight; collector pinned to 1 core"
+    )
+    try:
+        for _ in range(args.wal_rounds):
+            for mode in ("memory", "wal"):
+                col = _Collector(sink_grpc, decision_wait="0s", wal=mode == "wal")
+                try:
+                    for proto, port in (("http", col.http_port), ("grpc", col.grpc_port)):
+                        _post(reset_url)
+                        cpu0 = col.cpu_seconds()
+                        load = _load(proto, port, args.spans, args.batch, args.concurrency)
+                        rate = _rate(load, _wait_sink(stats_url, load["spans"]))
+                        per_cpu = load["spans"] / max(1e-9, col.cpu_seconds() - cpu0)
+                        key = f"{mode}_{proto}"
+                        results[key] = max(results.get(key, 0.0), rate)
+                        results[key + "_per_cpu"] = max(results.get(key + "_per_cpu", 0.0), per_cpu)
+                        print(
+                            f"  {mode:<7}{proto:<5}{rate:>10,.0f} spans/s"
+                            f"{per_cpu:>10,.0f} spans per CPU-second",
+                            flush=True,
+                        )
+                finally:
+                    col.stop()
+    finally:
+        sink.send_signal(signal.SIGTERM)
+        sink.wait(30)
+
+
+def _report_wal(r: dict[str, Any]) -> None:
+    print(f"\n{'pass-through (best run)':<34}{'memory':>10}{'WAL':>10}{'ratio':>8}")
+    worst = float("inf")
+    for proto, label in (("http", "OTLP/HTTP protobuf"), ("grpc", "OTLP/gRPC")):
+        mem, wal = r[f"memory_{proto}"], r[f"wal_{proto}"]
+        worst = min(worst, wal / mem)
+        print(f"  {label + ', spans/s':<32}{mem:>10,.0f}{wal:>10,.0f}{wal / mem:>8.2f}")
+        mem, wal = r[f"memory_{proto}_per_cpu"], r[f"wal_{proto}_per_cpu"]
+        print(f"  {'  per CPU-second':<32}{mem:>10,.0f}{wal:>10,.0f}{wal / mem:>8.2f}")
+    verdict = "meets" if worst >= _TARGET_WAL_RATIO else "MISSES"
+    print(f"  target: WAL >= {_TARGET_WAL_RATIO}x without (storage.fsync: batch): {verdict}")
+    print("\n" + json.dumps(r, default=float))
+
+
+def _passthrough_runs(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    sink, sink_grpc, sink_http, sink_stats = _start_sink()
     stats_url = f"http://127.0.0.1:{sink_stats}/stats"
     reset_url = f"http://127.0.0.1:{sink_stats}/reset"
     try:

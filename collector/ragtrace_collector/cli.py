@@ -1,4 +1,4 @@
-"""Command line entry point: ``ragtrace-collector {serve,check-config,eval}``.
+"""Command line entry point: ``ragtrace-collector {serve,check-config,eval,replay}``.
 
 Each subcommand's implementation lives in its own module and is imported lazily, so
 ``ragtrace-collector --help`` stays fast and one subcommand's imports never slow
@@ -100,6 +100,14 @@ def _parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print the summary as JSON instead of a table"
     )
     ev.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    from ragtrace_collector.replay import add_arguments as replay_arguments
+
+    replay = sub.add_parser(
+        "replay",
+        help="send OTLP/JSON lines (a spill file, a file exporter's output) to a collector",
+    )
+    replay_arguments(replay)
     return parser
 
 
@@ -122,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         from ragtrace_collector.eval_cli import eval_command
 
         return eval_command(args)
+    if args.command == "replay":
+        from ragtrace_collector.replay import replay_command
+
+        return replay_command(args)
     raise AssertionError(args.command)  # argparse enforces the choices
 
 

@@ -48,6 +48,7 @@ from ragtrace_collector.metrics import METRIC_NAMES, OFFLINE_METRICS, MetricOpti
 from ragtrace_collector.reference_store import ReferenceStoreConfig
 from ragtrace_collector.sampling import SamplingConfig
 from ragtrace_collector.session_store import SessionStoreConfig
+from ragtrace_collector.storage.config import StorageConfig
 from ragtrace_collector.units import parse_duration, parse_size
 
 __all__ = [
@@ -470,6 +471,10 @@ class ShutdownConfig(StrictModel):
     processor_timeout: Duration = 10.0
     #: Exporters may deliver their queues within this; what remains is counted dropped.
     flush_timeout: Duration = 20.0
+    #: Without a write-ahead log (``storage.directory``): spans undelivered at the
+    #: deadline are appended here as OTLP/JSON lines (the file exporter's format);
+    #: ``ragtrace-collector replay FILE --endpoint URL`` sends them again.
+    spill_path: Path | None = None
 
 
 class EvaluationConfig(StrictModel):
@@ -556,6 +561,11 @@ class CollectorConfig(StrictModel):
     shutdown: ShutdownConfig = Field(
         default_factory=ShutdownConfig,
         description="Deadlines of the graceful shutdown on SIGTERM or SIGINT.",
+    )
+    storage: StorageConfig = Field(
+        default_factory=StorageConfig,
+        description="The write-ahead log: with `directory` set, every accepted request is "
+        "on disk before it is acknowledged, and replayed after a crash.",
     )
 
     @field_validator("exporters")

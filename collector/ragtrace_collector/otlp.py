@@ -103,6 +103,8 @@ class SpanGroup:
     scope: InstrumentationScope | None
     scope_schema_url: str
     spans: list[Span] = field(default_factory=list)
+    #: Sequence number of the write-ahead log entry these spans came from (-1: none).
+    wal_seq: int = -1
 
 
 @dataclass(slots=True, eq=False)

@@ -47,6 +47,23 @@ holding fewer than ``max_buffered_spans`` spans.  Otherwise :meth:`Pipeline.offe
 raises :class:`Refused` and the receiver answers with a retryable status and a delay
 (HTTP 429/503 + Retry-After, gRPC RESOURCE_EXHAUSTED/UNAVAILABLE + RetryInfo).  Once a
 request is accepted, its spans are never dropped by the pipeline.
+
+Durability
+==========
+
+Receivers hand requests in with :meth:`Pipeline.accept`.  With a write-ahead log
+(``storage.directory``, :mod:`ragtrace_collector.storage`) the request is written and
+synced before ``accept`` returns, so an acknowledged request survives a crash; the log
+is also full at ``storage.max_size``, another reason for refusal (``storage_full``).
+Every span group carries the sequence number of its log entry (``SpanGroup.wal_seq``);
+each exporter reports the groups it is done with (``Exporter.on_settled``), and an
+entry is removed once every exporter has settled every group of it.  At start,
+:meth:`Pipeline.replay` feeds what the log still holds through assembly and the
+processor, before the receivers listen: replayed traces are evaluated again when
+sampling picks them (the decision is a hash, so the same ones are picked).
+
+Without a log, ``track_undelivered`` keeps the groups not yet settled, so that a
+shutdown can spill what the deadline cut off (:meth:`Pipeline.undelivered`).
 """
 
 from __future__ import annotations
@@ -58,11 +75,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from google.protobuf.message import Message
+
 from ragtrace_collector.assembly import AssembledTrace, Assembler, ReleaseReason
 from ragtrace_collector.config import AssemblyConfig
 from ragtrace_collector.exporters.base import Exporter
 from ragtrace_collector.logs import get_logger
-from ragtrace_collector.otlp import SplitRequest
+from ragtrace_collector.otlp import (
+    OtlpDecodeError,
+    SpanGroup,
+    SplitRequest,
+    decode_protobuf_request,
+    split_request,
+)
+from ragtrace_collector.storage.service import Storage
+from ragtrace_collector.storage.spill import Outstanding
+from ragtrace_collector.storage.wal import StorageError
 from ragtrace_collector.telemetry import Telemetry
 
 __all__ = [
@@ -108,7 +136,8 @@ class Refused(Exception):
 
     def __init__(self, reason: str, message: str, retry_after: float) -> None:
         super().__init__(message)
-        #: ``queue_full``, ``processor_busy`` or ``shutting_down``.
+        #: ``queue_full``, ``processor_busy``, ``storage_full``, ``storage_error`` or
+        #: ``shutting_down``.
         self.reason = reason
         self.message = message
         self.retry_after = retry_after
@@ -133,6 +162,8 @@ class Pipeline:
         processor: TraceProcessor,
         telemetry: Telemetry,
         retry_after: float = 1.0,
+        storage: Storage | None = None,
+        track_undelivered: bool = False,
     ) -> None:
         self._assembly_config = assembly
         self.exporters = list(exporters)
@@ -148,6 +179,10 @@ class Pipeline:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._backpressure = [e for e in self.exporters if e.backpressure]
         self._processor_gauge = telemetry.queue_depth.labels("processor")
+        self._storage = storage
+        self._outstanding = (
+            Outstanding(len(self.exporters)) if track_undelivered and storage is None else None
+        )
 
     # ---------------------------------------------------------------- state
     @property
@@ -169,6 +204,8 @@ class Pipeline:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         for exporter in self.exporters:
+            if self._storage is not None or self._outstanding is not None:
+                exporter.on_settled = self._settled
             await exporter.start()
         start_processor = getattr(self.processor, "start", None)
         if callable(start_processor):
@@ -241,6 +278,12 @@ class Pipeline:
                 f"the trace processor holds {self._held_spans} spans; retry later",
                 self._retry_after,
             )
+        if self._storage is not None and self._storage.full():
+            return Refused(
+                "storage_full",
+                "the write-ahead log is full until exporters deliver; retry later",
+                self._retry_after,
+            )
         return None
 
     def offer(self, split: SplitRequest, receiver: str) -> None:
@@ -248,7 +291,33 @@ class Pipeline:
 
         Spans of an accepted request that ``split`` already set aside (invalid trace or
         span ids, answered as a partial success) are counted as refused ``invalid_id``.
+        This does not write the write-ahead log: receivers call :meth:`accept`.
         """
+        self._admission(split, receiver)
+        self._take(split, receiver)
+
+    async def accept(self, split: SplitRequest, receiver: str, payload: bytes | Message) -> None:
+        """:meth:`offer`, durably: with a write-ahead log, ``payload`` (the request as
+        binary protobuf, or the message) is written and synced before this returns.
+        Raises :class:`Refused` (nothing taken)."""
+        storage = self._storage
+        if storage is None or not split.span_count:
+            self.offer(split, receiver)
+            return
+        self._admission(split, receiver)
+        try:
+            await storage.append(
+                payload,
+                tag=lambda seq: self._tag(split, seq),
+                admit=lambda: self._take(split, receiver),
+            )
+        except StorageError as exc:
+            self._telemetry.spans_refused.labels(receiver, "storage_error").inc(split.span_count)
+            raise Refused(
+                "storage_error", f"cannot write the request durably: {exc}", self._retry_after
+            ) from None
+
+    def _admission(self, split: SplitRequest, receiver: str) -> None:
         refused = self.refusal()
         if refused is not None:
             self._telemetry.spans_refused.labels(receiver, refused.reason).inc(split.span_count)
@@ -259,11 +328,69 @@ class Pipeline:
         if self._refusing:
             self._refusing = False
             self._log.info("backpressure_off")
+
+    def _take(self, split: SplitRequest, receiver: str | None) -> None:
         if split.span_count:
             self.assembler.add(split)
-            self._telemetry.spans_received.labels(receiver).inc(split.span_count)
-        if split.rejected_spans:
+            if receiver is not None:
+                self._telemetry.spans_received.labels(receiver).inc(split.span_count)
+        if split.rejected_spans and receiver is not None:
             self._telemetry.spans_refused.labels(receiver, "invalid_id").inc(split.rejected_spans)
+
+    # ------------------------------------------------------------ durability
+    def _tag(self, split: SplitRequest, seq: int) -> int:
+        """Mark the request's groups with its log entry; return the entry's references."""
+        groups = 0
+        for chunk in split.traces.values():
+            for group in chunk.groups:
+                group.wal_seq = seq
+                groups += 1
+        return groups * len(self.exporters)
+
+    def _settled(self, groups: list[SpanGroup]) -> None:
+        if self._storage is not None:
+            self._storage.settle(groups)
+        if self._outstanding is not None:
+            self._outstanding.settle(groups)
+
+    def undelivered(self) -> list[SpanGroup]:
+        """After :meth:`shutdown`: groups some exporter did not deliver (needs
+        ``track_undelivered`` and no write-ahead log)."""
+        return self._outstanding.groups() if self._outstanding is not None else []
+
+    async def replay(self) -> int:
+        """Feed what the write-ahead log held at start through assembly and export.
+
+        Called after :meth:`start`, before receivers listen.  Waits while exporters or
+        the processor are full (a backend still down), so memory stays bounded; stops
+        early when the pipeline stops accepting.  Returns the spans replayed.
+        """
+        storage = self._storage
+        if storage is None:
+            return 0
+        spans = entries = bad = 0
+        waiting_logged = False
+        async for chunk in storage.replay():
+            decoded = await asyncio.to_thread(_decode_entries, chunk)
+            for seq, split in decoded:
+                while (refused := self.refusal()) is not None and refused.reason != "storage_full":
+                    if refused.reason == "shutting_down":
+                        return spans
+                    if not waiting_logged:
+                        waiting_logged = True
+                        self._log.warning("replay_waiting", reason=refused.reason)
+                    await asyncio.sleep(0.05)
+                if split is None:
+                    bad += 1
+                    storage.hold_replayed(seq, 0)
+                    continue
+                storage.hold_replayed(seq, self._tag(split, seq))
+                self._take(split, None)
+                spans += split.span_count
+                entries += 1
+        if entries or bad:
+            self._log.info("replay_done", entries=entries, spans=spans, undecodable=bad)
+        return spans
 
     # ------------------------------------------------------- processor hook
     def _dispatch(self, trace: AssembledTrace) -> None:
@@ -287,8 +414,21 @@ class Pipeline:
             self._held_spans -= held[1]
             self._processor_gauge.set(self._held_spans)
         count = trace.span_count
+        if self._outstanding is not None:
+            self._outstanding.forwarded(trace.groups)
         for exporter in self.exporters:
             exporter.enqueue(trace.groups, count)
         if self._loop is not None:
             with contextlib.suppress(Exception):
                 self._telemetry.pipeline_latency.observe(self._loop.time() - trace.released_at)
+
+
+def _decode_entries(chunk: list[tuple[int, bytes]]) -> list[tuple[int, SplitRequest | None]]:
+    """Decode replayed log entries (in a worker thread); None for one that does not parse."""
+    out: list[tuple[int, SplitRequest | None]] = []
+    for seq, payload in chunk:
+        try:
+            out.append((seq, split_request(decode_protobuf_request(payload))))
+        except OtlpDecodeError:
+            out.append((seq, None))
+    return out

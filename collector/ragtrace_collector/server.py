@@ -1,14 +1,19 @@
 """``ragtrace-collector serve``: wire the parts, run, shut down gracefully.
 
-Start order: admin port (``/readyz`` says not ready), exporters, pipeline, receivers;
-then ready.  On SIGTERM or SIGINT:
+Start order: admin port (``/readyz`` says not ready), storage (the write-ahead log, when
+``storage.directory`` is set), exporters, pipeline, replay of the log, receivers; then
+ready.  On SIGTERM or SIGINT:
 
 1. not ready; receivers stop accepting (listening sockets closed; calls in progress
    finish within ``shutdown.receiver_grace``);
 2. the assembler releases every buffered trace through the processor hook, and the
    processor may drain within ``shutdown.processor_timeout``;
 3. every exporter delivers its queue within ``shutdown.flush_timeout``;
-4. exit 0.
+4. exit 0; or, without a write-ahead log, exit 3 when spans were not delivered by the
+   deadline: their count is logged (``shutdown_complete``), and with
+   ``shutdown.spill_path`` they are written there as OTLP/JSON lines
+   (``ragtrace-collector replay`` sends them again).  With a log, what was not
+   delivered stays in it for the next start, and the exit is 0.
 
 A configuration error is reported (key and problem) before anything listens, and
 ``serve`` exits 1; so does a port that cannot be bound, named with its config key
@@ -36,6 +41,8 @@ from ragtrace_collector.receivers.auth import BearerAuth
 from ragtrace_collector.receivers.grpc import GrpcReceiver
 from ragtrace_collector.receivers.http import HttpReceiver
 from ragtrace_collector.stage import EvaluationStage, build_stage
+from ragtrace_collector.storage import Storage
+from ragtrace_collector.storage.spill import write_spill
 from ragtrace_collector.telemetry import Telemetry
 
 __all__ = ["CollectorService", "serve_command"]
@@ -78,12 +85,18 @@ class CollectorService:
         self.exporters: list[Exporter[Any]] = [
             build_exporter(name, cfg, self.telemetry) for name, cfg in config.exporters.items()
         ]
+        #: The write-ahead log, when ``storage.directory`` is set.
+        self.storage = Storage(config.storage) if config.storage.directory is not None else None
+        if self.storage is not None:
+            self.host.register(self.storage)
         self.pipeline = Pipeline(
             assembly=config.assembly,
             exporters=self.exporters,
             processor=processor if processor is not None else PassThroughProcessor(),
             telemetry=self.telemetry,
             retry_after=config.receivers.retry_after,
+            storage=self.storage,
+            track_undelivered=config.shutdown.spill_path is not None,
         )
         auth = BearerAuth(config.receivers.auth.bearer_tokens)
         grace = config.shutdown.receiver_grace
@@ -119,6 +132,8 @@ class CollectorService:
         self._listening = False
         self._stopping = False
         self._started = False
+        #: Set by :meth:`stop`: spans neither delivered nor kept in the write-ahead log.
+        self.spans_undelivered = 0
 
     # ---------------------------------------------------------------- probes
     def _ready(self) -> tuple[bool, str]:
@@ -184,9 +199,12 @@ class CollectorService:
                 async with _binding(where["admin.endpoint"]):
                     host, port = await self.admin.start()
                 self._log.info("admin_listening", endpoint=f"{host}:{port}")
+            if self.storage is not None:
+                await self.storage.start()
             await self.pipeline.start()
             if self.stage is not None:
                 self.stage.start()
+            await self.pipeline.replay()
             if self.grpc_receiver is not None:
                 async with _binding(where["receivers.grpc.endpoint"]):
                     host, port = await self.grpc_receiver.start()
@@ -232,10 +250,46 @@ class CollectorService:
             forwarded_unprocessed=report.forwarded_unprocessed,
             spans_dropped=report.spans_dropped,
         )
+        await self._keep_undelivered(report.spans_dropped)
         if self.stage is not None:
             await self.stage.aclose()
         if self.admin is not None:
             await self.admin.stop()
+
+    async def _keep_undelivered(self, dropped: int) -> None:
+        """What the flush deadline cut off: left in the log, spilled, or lost."""
+        if self.storage is not None:
+            if dropped:
+                self._log.warning(
+                    "spans_left_in_storage",
+                    spans=dropped,
+                    directory=self.storage.directory,
+                    detail="not delivered before the deadline; replayed at the next start",
+                )
+            await self.storage.close()
+            return
+        self.spans_undelivered = dropped
+        spill = self.config.shutdown.spill_path
+        groups = self.pipeline.undelivered()
+        if spill is None or not groups:
+            if dropped:
+                self._log.error(
+                    "spans_lost_at_shutdown",
+                    spans=dropped,
+                    detail="set storage.directory (or shutdown.spill_path) to keep them",
+                )
+            return
+        try:
+            written = await asyncio.to_thread(write_spill, spill, groups)
+        except OSError as exc:
+            self._log.error("spill_failed", path=str(spill), spans=dropped, error=str(exc))
+            return
+        self._log.warning(
+            "spans_spilled",
+            spans=written,
+            path=str(spill),
+            detail="replay with: ragtrace-collector replay FILE --endpoint URL",
+        )
 
     async def _teardown_quietly(self) -> None:
         self._stopping = True
@@ -253,6 +307,11 @@ class CollectorService:
         for exporter in self.exporters:
             try:
                 await exporter.close(asyncio.get_running_loop().time())
+            except Exception as exc:
+                self._log.debug("teardown_error", error=repr(exc))
+        if self.storage is not None:
+            try:
+                await self.storage.close()
             except Exception as exc:
                 self._log.debug("teardown_error", error=repr(exc))
         if self.admin is not None:
@@ -285,19 +344,27 @@ async def _serve(config: CollectorConfig, source: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _on_signal, sig, stop, log)
-    try:
-        await service.start()
-    except StartupError as exc:  # a port in use, not allowed, not an address here
-        log.error("startup_failed", error=str(exc))
-        print(f"ragtrace-collector: cannot start:\n  - {_bullets(exc)}", file=sys.stderr)
+    # Start (which may replay a write-ahead log for a while) unless a signal comes first.
+    starting = asyncio.ensure_future(service.start())
+    signalled = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()  # start() undoes what it did; the log keeps what it holds
+        await asyncio.gather(starting, return_exceptions=True)
+        return 0
+    signalled.cancel()
+    error = starting.exception()
+    if isinstance(error, StartupError):  # a port in use, not allowed, not an address here
+        log.error("startup_failed", error=str(error))
+        print(f"ragtrace-collector: cannot start:\n  - {_bullets(error)}", file=sys.stderr)
         return 1
-    except Exception as exc:  # an unreadable certificate...
-        log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
-        print(f"ragtrace-collector: cannot start: {exc}", file=sys.stderr)
+    if error is not None:  # an unreadable certificate, a locked directory...
+        log.error("startup_failed", error=f"{type(error).__name__}: {error}")
+        print(f"ragtrace-collector: cannot start: {error}", file=sys.stderr)
         return 1
     await stop.wait()
     await service.stop()
-    return 0
+    return 3 if service.spans_undelivered else 0
 
 
 def _bullets(exc: StartupError) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+
+import os
 import subprocess
 import sys
 import threading
@@ -16,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from typing import IO, Any, TypeVar
+
+import yaml
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
@@ -29,6 +34,9 @@ from ragtrace_collector.server import CollectorService
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan, attributes_of
 
 T = TypeVar("T")
+
+#: The installed ``ragtrace-collector`` console script of this environment.
+COLLECTOR = Path(sys.executable).with_name("ragtrace-collector")
 
 
 def collector_config(
@@ -348,3 +356,75 @@ def serve_until_exit(config: Path, cwd: Path) -> subprocess.CompletedProcess[str
         cwd=cwd,
         stdin=subprocess.DEVNULL,
     )
+
+class ServeProcess:
+    """``ragtrace-collector serve`` as a subprocess; ports come from its JSON logs.
+
+    ``wait_ready=False`` returns at once (for a process expected to refuse to start).
+    """
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        directory: Path,
+        *,
+        wait_ready: bool = True,
+        timeout: float = 30,
+    ) -> None:
+        path = directory / "collector.yaml"
+        path.write_text(yaml.safe_dump({**config, **passthrough_sections()}))
+        self.proc = subprocess.Popen(
+            [str(COLLECTOR), "serve", "--config", str(path)],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.events: list[dict[str, Any]] = []
+        self.endpoints: dict[str, str] = {}
+        self._ready = threading.Event()
+        assert self.proc.stderr is not None
+        self._reader = threading.Thread(target=self._read, args=(self.proc.stderr,), daemon=True)
+        self._reader.start()
+        if wait_ready and not self._ready.wait(timeout):
+            self.proc.kill()
+            raise AssertionError(f"collector did not start: {self.events}")
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                event = {"event": "raw", "line": line}
+            self.events.append(event)
+            if event.get("event") == "receiver_listening":
+                self.endpoints[event["receiver"]] = event["endpoint"]
+            if event.get("event") == "admin_listening":
+                self.endpoints["admin"] = event["endpoint"]
+            if event.get("event") == "collector_ready":
+                self._ready.set()
+
+    def event(self, name: str) -> dict[str, Any] | None:
+        """The first log event called ``name``, if any."""
+        return next((e for e in self.events if e.get("event") == name), None)
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the process to exit and its log to be read; the exit code."""
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self._reader.join(timeout=10)
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """Sum of the samples of ``name`` on /metrics (matching ``labels`` if given)."""
+        _, body = http_get(f"http://{self.endpoints['admin']}/metrics")
+        want = [f'{k}="{v}"' for k, v in (labels or {}).items()]
+        total = 0.0
+        for line in body.decode().splitlines():
+            if line.startswith((name + " ", name + "{")) and all(w in line for w in want):
+                total += float(line.split()[-1])
+        return total

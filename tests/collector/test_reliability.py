@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
-import yaml
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
     OTLPSpanExporter as GrpcSpanExporter,
 )
@@ -23,19 +17,16 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 )
 
 from tests.collector.harness import (
+    ServeProcess,
     assert_delivered_exactly,
     collector_config,
     emit_rag_request,
-    http_get,
     make_app,
-    passthrough_sections,
     running_collector,
     sink_exporter,
     wait_for,
 )
 from tests.fakes.otlp_sink import OtlpSink
-
-COLLECTOR = Path(sys.executable).with_name("ragtrace-collector")
 
 
 @pytest.fixture
@@ -156,51 +147,6 @@ def test_flood_far_beyond_capacity_is_throttled_and_nothing_is_lost(
 
 
 # ----------------------------------------------------------------- SIGTERM
-class _Serve:
-    """``ragtrace-collector serve`` as a subprocess; ports come from its JSON logs."""
-
-    def __init__(self, config: dict[str, Any], directory: Path) -> None:
-        path = directory / "collector.yaml"
-        path.write_text(yaml.safe_dump({**config, **passthrough_sections()}))
-        self.proc = subprocess.Popen(
-            [str(COLLECTOR), "serve", "--config", str(path)],
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.events: list[dict[str, Any]] = []
-        self.endpoints: dict[str, str] = {}
-        self._ready = threading.Event()
-        assert self.proc.stderr is not None
-        self._reader = threading.Thread(target=self._read, args=(self.proc.stderr,), daemon=True)
-        self._reader.start()
-        if not self._ready.wait(30):
-            self.proc.kill()
-            raise AssertionError(f"collector did not start: {self.events}")
-
-    def _read(self, stream: IO[str]) -> None:
-        for line in stream:
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                event = {"event": "raw", "line": line}
-            self.events.append(event)
-            if event.get("event") == "receiver_listening":
-                self.endpoints[event["receiver"]] = event["endpoint"]
-            if event.get("event") == "admin_listening":
-                self.endpoints["admin"] = event["endpoint"]
-            if event.get("event") == "collector_ready":
-                self._ready.set()
-
-    def metric(self, name: str) -> float:
-        _, body = http_get(f"http://{self.endpoints['admin']}/metrics")
-        total = 0.0
-        for line in body.decode().splitlines():
-            if line.startswith((name + " ", name + "{")):
-                total += float(line.split()[-1])
-        return total
-
-
 def test_sigterm_with_spans_buffered_delivers_everything_and_exits_0(
     sink: OtlpSink, tmp_path: Path
 ) -> None:
@@ -212,7 +158,7 @@ def test_sigterm_with_spans_buffered_delivers_everything_and_exits_0(
         "exporters": {"backend": sink_exporter(sink, "otlp_http")},
         "shutdown": {"flush_timeout": "20s"},
     }
-    serve = _Serve(config, tmp_path)
+    serve = ServeProcess(config, tmp_path)
     try:
         app = make_app(
             HttpSpanExporter(endpoint=f"http://{serve.endpoints['otlp_http']}/v1/traces")
@@ -242,7 +188,8 @@ def test_sigterm_with_spans_buffered_delivers_everything_and_exits_0(
 def test_sigint_while_backend_down_counts_what_the_deadline_cut(
     sink: OtlpSink, tmp_path: Path
 ) -> None:
-    """The flush deadline is honoured: exit 0 in time, undelivered spans counted."""
+    """The flush deadline is honoured: in time, undelivered spans counted, exit 3 (spans
+    were lost: there is no write-ahead log and no spill file)."""
     config = {
         "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
         "admin": {"endpoint": "127.0.0.1:0"},
@@ -251,7 +198,7 @@ def test_sigint_while_backend_down_counts_what_the_deadline_cut(
         "shutdown": {"flush_timeout": "1s"},
     }
     sink.go_down()
-    serve = _Serve(config, tmp_path)
+    serve = ServeProcess(config, tmp_path)
     try:
         app = make_app(GrpcSpanExporter(endpoint=serve.endpoints["otlp_grpc"], insecure=True))
         for n in range(10):
@@ -260,7 +207,7 @@ def test_sigint_while_backend_down_counts_what_the_deadline_cut(
         wait_for(lambda: serve.metric("ragtrace_spans_received_total") == 30, what="spans received")
         started = time.monotonic()
         serve.proc.send_signal(signal.SIGINT)
-        assert serve.proc.wait(timeout=30) == 0
+        assert serve.wait(timeout=30) == 3
         assert time.monotonic() - started < 15
     finally:
         if serve.proc.poll() is None:
@@ -268,3 +215,6 @@ def test_sigint_while_backend_down_counts_what_the_deadline_cut(
     done = next(e for e in serve.events if e.get("event") == "shutdown_complete")
     assert done["spans_dropped"] == 30
     assert any(e.get("event") == "export_deadline_passed" for e in serve.events)
+    lost = serve.event("spans_lost_at_shutdown")
+    assert lost is not None
+    assert lost["spans"] == 30

@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import random
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 from ragtrace_collector.config import ExporterConfig, RetryConfig
@@ -110,6 +110,10 @@ class Exporter(abc.ABC, Generic[_Payload]):
         self.failing = False
         #: Highest queue depth seen (spans queued plus in flight), for tests and benchmarks.
         self.peak_depth = 0
+        #: Called with the span groups this exporter is done with: delivered, or given up
+        #: for good (rejected, retry limit, drop_oldest); never for what a shutdown cuts
+        #: off.  The pipeline settles write-ahead log entries with it.
+        self.on_settled: Callable[[list[SpanGroup]], None] | None = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -142,6 +146,7 @@ class Exporter(abc.ABC, Generic[_Payload]):
                 old = self._queue.popleft()
                 self._queued_spans -= old.spans
                 self._drop(old.spans, "queue_full")
+                self._settled([old])
         depth = self.depth
         if depth > self.peak_depth:
             self.peak_depth = depth
@@ -220,6 +225,7 @@ class Exporter(abc.ABC, Generic[_Payload]):
             self._inflight_spans += count
             try:
                 await self._deliver([g for b in taken for g in b.groups], count)
+                self._settled(taken)
             except asyncio.CancelledError:
                 self._abandoned_spans += count
                 raise
@@ -289,6 +295,13 @@ class Exporter(abc.ABC, Generic[_Payload]):
                 self._log.warning("export_partially_rejected", spans=count, rejected=rejected)
             self._forwarded.inc(count - rejected)
             return
+
+    def _settled(self, batches: list[_Batch]) -> None:
+        if self.on_settled is not None:
+            try:
+                self.on_settled([g for b in batches for g in b.groups])
+            except Exception:  # a bug in the hook must not stop delivery
+                self._log.exception("settle_hook_failed")
 
     def _drop(self, count: int, reason: str) -> None:
         self._telemetry.spans_dropped.labels(self.name, reason).inc(count)

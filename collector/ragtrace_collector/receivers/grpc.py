@@ -132,7 +132,7 @@ class GrpcReceiver:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         split = split_request(export)
         try:
-            self._pipeline.offer(split, _RECEIVER)
+            await self._pipeline.accept(split, _RECEIVER, request)
         except Refused as refused:
             code = (
                 grpc.StatusCode.UNAVAILABLE

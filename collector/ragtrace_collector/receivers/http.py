@@ -207,7 +207,7 @@ class HttpReceiver:
             )
         split = split_request(export)
         try:
-            self._pipeline.offer(split, _RECEIVER)
+            await self._pipeline.accept(split, _RECEIVER, export if as_json else body)
         except Refused as refused:
             status = 503 if refused.reason == "shutting_down" else 429
             code = CODE_UNAVAILABLE if status == 503 else CODE_RESOURCE_EXHAUSTED

@@ -1,0 +1,29 @@
+"""The ``storage:`` section: where the write-ahead log lives, how big, how durable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ragtrace_collector.units import ByteSize
+
+__all__ = ["StorageConfig"]
+
+
+class StorageConfig(BaseModel):
+    """The write-ahead log of accepted requests (off unless ``directory`` is set)."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    #: Directory of the write-ahead log.  Unset: spans are held in memory only, and a
+    #: crash loses what was acknowledged but not yet exported.
+    directory: Path | None = None
+    #: Disk the log may use.  At this size receivers answer with back-pressure (429 /
+    #: RESOURCE_EXHAUSTED) until exporters catch up.
+    max_size: ByteSize = Field(2 * 1024**3, ge=1024 * 1024)
+    #: ``always``: fsync each request before acknowledging it; ``batch``: one fsync per
+    #: group of requests written together (group commit), still before acknowledging;
+    #: ``never``: leave flushing to the OS (survives a process crash, not a power loss).
+    fsync: Literal["never", "batch", "always"] = "batch"
