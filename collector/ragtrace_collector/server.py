@@ -27,8 +27,10 @@ from ragtrace_collector.component import ComponentHost, Supervisor
 from ragtrace_collector.config import CollectorConfig, ConfigError, load_config
 from ragtrace_collector.exporters import Exporter, build_exporter
 from ragtrace_collector.logs import configure_logging, get_logger
+from ragtrace_collector.looplag import LoopLagMonitor
 from ragtrace_collector.pipeline import PassThroughProcessor, Pipeline, TraceProcessor
 from ragtrace_collector.receivers.auth import BearerAuth
+from ragtrace_collector.receivers.decode import Decoder
 from ragtrace_collector.receivers.grpc import GrpcReceiver
 from ragtrace_collector.receivers.http import HttpReceiver
 from ragtrace_collector.stage import EvaluationStage, build_stage
@@ -83,6 +85,8 @@ class CollectorService:
         )
         auth = BearerAuth(config.receivers.auth.bearer_tokens)
         grace = config.shutdown.receiver_grace
+        #: Decodes large and compressed requests of both receivers off the event loop.
+        self.decoder = Decoder()
         self.grpc_receiver = (
             GrpcReceiver(
                 config.receivers.grpc,
@@ -90,10 +94,13 @@ class CollectorService:
                 auth=auth,
                 telemetry=self.telemetry,
                 grace=grace,
+                decoder=self.decoder,
             )
             if config.receivers.grpc.enabled
             else None
         )
+        if self.grpc_receiver is not None:
+            self.host.register(self.grpc_receiver)
         self.http_receiver = (
             HttpReceiver(
                 config.receivers.http,
@@ -101,10 +108,15 @@ class CollectorService:
                 auth=auth,
                 telemetry=self.telemetry,
                 grace=grace,
+                decoder=self.decoder,
             )
             if config.receivers.http.enabled
             else None
         )
+        if self.http_receiver is not None:
+            self.host.register(self.http_receiver)
+        self.loop_monitor = LoopLagMonitor(self.telemetry, supervisor=self.supervisor)
+        self.host.register(self.loop_monitor)
         self.admin = (
             AdminServer(
                 config.admin, telemetry=self.telemetry, ready=self._ready, healthy=self._healthy
@@ -148,6 +160,7 @@ class CollectorService:
     async def start(self) -> None:
         """Bind every port and start every part; on failure, undo and re-raise."""
         self._started = True
+        self.loop_monitor.start()
         try:
             if self.admin is not None:
                 host, port = await self.admin.start()
@@ -200,6 +213,8 @@ class CollectorService:
         )
         if self.stage is not None:
             await self.stage.aclose()
+        await self.loop_monitor.shutdown()
+        self.decoder.close()
         if self.admin is not None:
             await self.admin.stop()
 
@@ -221,6 +236,8 @@ class CollectorService:
                 await exporter.close(asyncio.get_running_loop().time())
             except Exception as exc:
                 self._log.debug("teardown_error", error=repr(exc))
+        await self.loop_monitor.shutdown()
+        self.decoder.close()
         if self.admin is not None:
             await self.admin.stop()
 
