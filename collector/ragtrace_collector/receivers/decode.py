@@ -11,10 +11,12 @@ is bounded:
   members is the classic way to make an inflater spin), and at most ``max_seconds`` of
   CPU are spent (else 413).  Input is fed in fixed chunks, so each member costs time
   in proportion to its own size, never to what is left of the body;
-* **parse and split**: upb (protobuf) and the JSON mapping run in the worker thread;
-  the split into traces too (a Python walk of every span);
-* **concurrency**: at most ``workers`` requests are decoded at once; the others wait
-  (asynchronously, holding only their bytes).
+* **parse and split**: upb (protobuf) runs in the worker thread, and so does the split
+  into traces (a Python walk of every span); large OTLP/JSON is parsed in a worker
+  process first (see :class:`Decoder`);
+* **concurrency**: at most ``workers`` requests are decoded in threads at once, and one
+  large JSON body in the process; the others wait (asynchronously, holding only their
+  bytes).
 
 The event loop itself does only the hand-off and the answer.
 """
@@ -24,10 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Final
 
 from ragtrace_collector.otlp import (
@@ -36,87 +35,15 @@ from ragtrace_collector.otlp import (
     decode_protobuf_request,
     split_request,
 )
+from ragtrace_collector.receivers.inflate import BodyError, InflateBudget, plain_body
+from ragtrace_collector.receivers.jsonworker import JsonWorker
 
-__all__ = ["BodyError", "Decoder", "InflateBudget", "decode_body", "inflate"]
+__all__ = ["BodyError", "Decoder", "InflateBudget", "decode_body"]
 
 #: Plain bodies up to this size are decoded on the loop (cheaper than a thread hop).
 _INLINE_BYTES: Final = 64 * 1024
-#: Input fed to the inflater per step.
-_CHUNK: Final = 64 * 1024
-#: Legitimate clients send one gzip member; a few concatenated ones are tolerated.
-DEFAULT_MAX_MEMBERS: Final = 16
-#: CPU budget of one decompression (16 MiB inflate in well under 0.1 s on one core).
-DEFAULT_MAX_SECONDS: Final = 2.0
-
-
-class BodyError(Exception):
-    """The body cannot be taken; ``http_status`` is 400, 413 or 415."""
-
-    def __init__(self, http_status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.http_status = http_status
-        self.reason = reason
-        self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class InflateBudget:
-    """How much one decompression may produce and cost."""
-
-    max_output: int
-    max_members: int = DEFAULT_MAX_MEMBERS
-    max_seconds: float = DEFAULT_MAX_SECONDS
-
-
-def inflate(data: bytes, encoding: str, budget: InflateBudget) -> bytes:
-    """Decompress a gzip (possibly multi-member) or zlib body within ``budget``.
-
-    Raises :class:`BodyError`: 400 for bad or truncated data, 413 once the output, the
-    member count or the time budget is exceeded.
-    """
-    gzip = encoding == "gzip"
-    wbits = 31 if gzip else 15
-    view = memoryview(data)
-    size = len(view)
-    limit = budget.max_output
-    deadline = time.thread_time() + budget.max_seconds
-    out = bytearray()
-    pos = 0
-    members = 0
-    while True:
-        members += 1
-        if members > budget.max_members:
-            raise BodyError(
-                413,
-                "decompression_budget",
-                f"{encoding} body has more than {budget.max_members} members",
-            )
-        inflater = zlib.decompressobj(wbits)
-        while not inflater.eof:
-            if pos >= size:
-                raise BodyError(400, "bad_compression", f"truncated {encoding} body")
-            chunk = view[pos : pos + _CHUNK]
-            pos += len(chunk)
-            try:
-                out += inflater.decompress(chunk, limit + 1 - len(out))
-            except zlib.error as exc:
-                raise BodyError(400, "bad_compression", f"invalid {encoding} body: {exc}") from None
-            if len(out) > limit:
-                raise BodyError(
-                    413, "too_large", f"decompressed body exceeds the limit of {limit} bytes"
-                )
-            if time.thread_time() > deadline:
-                raise BodyError(
-                    413,
-                    "decompression_budget",
-                    f"decompressing the {encoding} body took more than {budget.max_seconds}s",
-                )
-        # What the member did not use of the last chunk belongs to the next member.
-        pos -= len(inflater.unused_data)
-        if pos >= size:
-            return bytes(out)
-        if not gzip:
-            raise BodyError(400, "bad_compression", f"trailing bytes after the {encoding} stream")
+#: Plain OTLP/JSON bodies over this are parsed in the worker process (see Decoder).
+_JSON_PROCESS_BYTES: Final = 1024 * 1024
 
 
 def decode_body(
@@ -127,27 +54,34 @@ def decode_body(
     Raises :class:`BodyError` (compression, size) or
     :class:`~ragtrace_collector.otlp.OtlpDecodeError` (malformed request).
     """
-    if encoding in ("gzip", "deflate"):
-        body = inflate(body, encoding, budget)
-    elif encoding not in ("", "identity"):
-        raise BodyError(
-            415, "content_encoding", f"unsupported Content-Encoding {encoding!r}: use gzip"
-        )
+    body = plain_body(body, encoding, budget)
     request = decode_json_request(body) if as_json else decode_protobuf_request(body)
     return split_request(request)
 
 
 class Decoder:
-    """Runs :func:`decode_body` on a bounded thread pool (inline for small plain bodies).
+    """Decodes requests off the event loop, each kind where it costs the loop least.
 
-    One decoder serves both receivers.  ``close()`` shuts its threads down.
+    * plain bodies up to 64 KiB: inline;
+    * everything else: a bounded thread pool (``workers`` threads).  zlib and upb let
+      the event loop run meanwhile (they release the interpreter lock, or hold it only
+      briefly);
+    * large OTLP/JSON (over 1 MiB, or over 64 KiB compressed): first the JSON worker
+      process (:mod:`ragtrace_collector.receivers.jsonworker`), because ``json.loads``
+      holds the interpreter lock for its whole run (about 100 ms for 16 MiB), which
+      would stall the loop however many threads there are.  The worker answers
+      protobuf bytes, which a thread parses and splits.  A job over
+      ``json_time_limit`` seconds gets the worker killed and a 413.
+
+    One decoder serves both receivers.  ``aclose()`` stops its threads and worker.
     """
 
-    def __init__(self, workers: int | None = None) -> None:
+    def __init__(self, workers: int | None = None, *, json_time_limit: float = 30.0) -> None:
         count = workers if workers is not None else min(4, os.cpu_count() or 1)
         self.workers = max(1, count)
-        self._pool: ThreadPoolExecutor | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._threads: ThreadPoolExecutor | None = None
+        self._thread_slots: asyncio.Semaphore | None = None
+        self._json = JsonWorker(json_time_limit)
 
     async def decode(
         self, body: bytes, *, encoding: str, as_json: bool, budget: InflateBudget
@@ -156,19 +90,22 @@ class Decoder:
         plain = encoding in ("", "identity")
         if plain and len(body) <= _INLINE_BYTES:
             return decode_body(body, encoding=encoding, as_json=as_json, budget=budget)
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.workers)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ragtrace-decode")
-        pool = self._pool
-        async with self._slots:
-            loop = asyncio.get_running_loop()
-            job = functools.partial(
-                decode_body, body, encoding=encoding, as_json=as_json, budget=budget
-            )
-            return await loop.run_in_executor(pool, job)
+        if as_json and len(body) > (_JSON_PROCESS_BYTES if plain else _INLINE_BYTES):
+            body = await self._json.to_protobuf(body, encoding=encoding, budget=budget)
+            encoding, as_json = "identity", False
+        if self._thread_slots is None:
+            self._thread_slots = asyncio.Semaphore(self.workers)
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="ragtrace-decode")
+        threads = self._threads
+        job = functools.partial(
+            decode_body, body, encoding=encoding, as_json=as_json, budget=budget
+        )
+        async with self._thread_slots:
+            return await asyncio.get_running_loop().run_in_executor(threads, job)
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+    async def aclose(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = None
+        await self._json.aclose()

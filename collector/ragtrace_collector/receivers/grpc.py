@@ -142,7 +142,7 @@ class GrpcReceiver(Component):
             self._server = None
             self.report(Status.STOPPED)
         if self._owns_decoder:
-            self._decoder.close()
+            await self._decoder.aclose()
 
     async def _export(self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         if self._auth.enabled:

@@ -169,7 +169,7 @@ class HttpReceiver(Component):
             self._runner = None
             self.report(Status.STOPPED)
         if self._owns_decoder:
-            self._decoder.close()
+            await self._decoder.aclose()
 
     def _connection_rejected(self, reason: str) -> None:
         self._telemetry.requests_rejected.labels(_RECEIVER, reason).inc()
