@@ -214,7 +214,7 @@ class CollectorService:
         if self.stage is not None:
             await self.stage.aclose()
         await self.loop_monitor.shutdown()
-        self.decoder.close()
+        await self.decoder.aclose()
         if self.admin is not None:
             await self.admin.stop()
 
@@ -237,7 +237,7 @@ class CollectorService:
             except Exception as exc:
                 self._log.debug("teardown_error", error=repr(exc))
         await self.loop_monitor.shutdown()
-        self.decoder.close()
+        await self.decoder.aclose()
         if self.admin is not None:
             await self.admin.stop()
 
