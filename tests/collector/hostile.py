@@ -103,12 +103,16 @@ def normal_export() -> bytes:
     return body
 
 
-def huge_judge_reply(size: int) -> Callable[[RecordedRequest], Reply]:
-    """A judge handler whose every answer is ``size`` characters of text."""
+def huge_judge_reply(size: int, *, after: int = 0) -> Callable[[RecordedRequest], Reply]:
+    """A judge handler answering ``size`` characters of text, except for the first
+    ``after`` requests (a short answer: warm-up calls)."""
     content = ('{"verdicts": [' + '{"verdict": "yes", "reason": "x"},' * (size // 34))[:size]
+    answered = 0
 
     def handler(request: RecordedRequest) -> Reply:
-        return Reply.text(content)
+        nonlocal answered
+        answered += 1
+        return Reply.text("{}" if answered <= after else content)
 
     return handler
 
