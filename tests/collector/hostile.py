@@ -139,28 +139,22 @@ class LoadOutcome:
 
 def post(url: str, body: bytes, headers: dict[str, str], timeout: float = 120.0) -> Timed:
     """POST ``body``; the status (0 when the connection failed) and the time taken."""
-    parts = urlsplit(url)
-    started = time.perf_counter()
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
-    try:
-        conn.request("POST", parts.path, body=body, headers=headers)
-        response = conn.getresponse()
-        response.read()
-        status = response.status
-    except (OSError, http.client.HTTPException):
-        status = 0
-    finally:
-        conn.close()
-    return Timed(status, time.perf_counter() - started)
+    return _request("POST", url, body, headers, timeout)
 
 
 def get(url: str, timeout: float = 30.0) -> Timed:
     """GET ``url`` on a new connection (as a liveness probe does)."""
+    return _request("GET", url, None, {}, timeout)
+
+
+def _request(
+    method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float
+) -> Timed:
     parts = urlsplit(url)
     started = time.perf_counter()
     conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
     try:
-        conn.request("GET", parts.path)
+        conn.request(method, parts.path, body=body, headers=headers)
         response = conn.getresponse()
         response.read()
         status = response.status
