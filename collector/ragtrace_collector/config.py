@@ -239,6 +239,10 @@ class GrpcReceiverConfig(StrictModel):
     )
     #: Largest accepted request message (after decompression).
     max_request_bytes: ByteSize = 16 * 1024 * 1024
+    #: Calls in progress at once on one connection (HTTP/2 streams).
+    max_concurrent_streams: int = Field(100, ge=1)
+    #: A connection with no call in progress is closed after this.
+    keepalive_timeout: Duration = Field(300.0, gt=0)
 
     _endpoint = field_validator("endpoint")(_check_listen_endpoint)
 
@@ -253,6 +257,16 @@ class HttpReceiverConfig(StrictModel):
     )
     #: Largest accepted body, both as sent and after gzip decompression (else 413).
     max_request_bytes: ByteSize = 16 * 1024 * 1024
+    #: Most gzip members one body may hold (else 413); clients send one.
+    max_gzip_members: int = Field(16, ge=1)
+    #: A connection that has not sent a complete request head within this is closed.
+    read_header_timeout: Duration = Field(10.0, gt=0)
+    #: The body of a request must arrive within this (else 408).
+    read_timeout: Duration = Field(60.0, gt=0)
+    #: An idle keep-alive connection is closed after this.
+    keepalive_timeout: Duration = Field(30.0, gt=0)
+    #: Connections open at once; past it, a new connection gets 503 and is closed.
+    max_connections: int = Field(512, ge=1)
 
     _endpoint = field_validator("endpoint")(_check_listen_endpoint)
 

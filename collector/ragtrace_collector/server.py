@@ -35,9 +35,11 @@ from ragtrace_collector.component import ComponentHost, Supervisor
 from ragtrace_collector.config import CollectorConfig, ConfigError, load_config
 from ragtrace_collector.exporters import Exporter, build_exporter
 from ragtrace_collector.logs import configure_logging, get_logger
+from ragtrace_collector.looplag import LoopLagMonitor
 from ragtrace_collector.pipeline import PassThroughProcessor, Pipeline, TraceProcessor
 from ragtrace_collector.ports import Endpoint, StartupError, bind_problem, port_problems
 from ragtrace_collector.receivers.auth import BearerAuth
+from ragtrace_collector.receivers.decode import Decoder
 from ragtrace_collector.receivers.grpc import GrpcReceiver
 from ragtrace_collector.receivers.http import HttpReceiver
 from ragtrace_collector.stage import EvaluationStage, build_stage
@@ -100,6 +102,8 @@ class CollectorService:
         )
         auth = BearerAuth(config.receivers.auth.bearer_tokens)
         grace = config.shutdown.receiver_grace
+        #: Decodes large and compressed requests of both receivers off the event loop.
+        self.decoder = Decoder()
         self.grpc_receiver = (
             GrpcReceiver(
                 config.receivers.grpc,
@@ -107,10 +111,13 @@ class CollectorService:
                 auth=auth,
                 telemetry=self.telemetry,
                 grace=grace,
+                decoder=self.decoder,
             )
             if config.receivers.grpc.enabled
             else None
         )
+        if self.grpc_receiver is not None:
+            self.host.register(self.grpc_receiver)
         self.http_receiver = (
             HttpReceiver(
                 config.receivers.http,
@@ -118,10 +125,15 @@ class CollectorService:
                 auth=auth,
                 telemetry=self.telemetry,
                 grace=grace,
+                decoder=self.decoder,
             )
             if config.receivers.http.enabled
             else None
         )
+        if self.http_receiver is not None:
+            self.host.register(self.http_receiver)
+        self.loop_monitor = LoopLagMonitor(self.telemetry, supervisor=self.supervisor)
+        self.host.register(self.loop_monitor)
         self.admin = (
             AdminServer(
                 config.admin, telemetry=self.telemetry, ready=self._ready, healthy=self._healthy
@@ -194,6 +206,8 @@ class CollectorService:
         if problems:
             raise StartupError("\n".join(problems))
         where = {e.key: e for e in self.endpoints()}
+
+        self.loop_monitor.start()
         try:
             if self.admin is not None:
                 async with _binding(where["admin.endpoint"]):
@@ -253,6 +267,8 @@ class CollectorService:
         await self._keep_undelivered(report.spans_dropped)
         if self.stage is not None:
             await self.stage.aclose()
+        await self.loop_monitor.shutdown()
+        await self.decoder.aclose()
         if self.admin is not None:
             await self.admin.stop()
 
@@ -314,6 +330,9 @@ class CollectorService:
                 await self.storage.close()
             except Exception as exc:
                 self._log.debug("teardown_error", error=repr(exc))
+
+        await self.loop_monitor.shutdown()
+        await self.decoder.aclose()
         if self.admin is not None:
             await self.admin.stop()
 

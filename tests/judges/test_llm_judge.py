@@ -133,6 +133,25 @@ async def test_junk_twice_is_an_invalid_response_error(
     assert info.value.cost.prompt_tokens > 0
 
 
+async def test_an_answer_over_max_answer_chars_is_refused_unparsed(
+    openai_server: FakeOpenAIServer, make_judge: MakeJudge
+) -> None:
+    # Valid JSON, but padded past the bound: refused, not truncated, not retried.
+    answer = json.dumps({**usefulness_answer("yes", "no", "yes"), "pad": "x" * 5000})
+    openai_server.enqueue(Reply.text(answer), Reply.json(usefulness_answer("yes", "yes", "yes")))
+    judge = make_judge(max_answer_chars=4000)
+
+    with pytest.raises(JudgeError) as info:
+        await judge.ask(usefulness_task())
+
+    assert info.value.kind == "invalid_response"
+    assert "exceeds judge.max_answer_chars (4000)" in str(info.value)
+    assert openai_server.request_count == 1
+    assert info.value.cost.calls == 1
+    # Under the bound, the same judge takes the answer.
+    assert (await judge.ask(usefulness_task())).value.verdicts[0].verdict == "yes"
+
+
 async def test_wrong_verdict_count_retries_then_succeeds(
     openai_server: FakeOpenAIServer, make_judge: MakeJudge
 ) -> None:

@@ -65,6 +65,9 @@ class JudgeConfig(BaseModel):
     backoff_max_s: Duration = Field(
         default=30.0, ge=0, description="Longest backoff delay before a retry, seconds."
     )
+    #: Longest judge answer taken, in characters; a longer one is refused unparsed
+    #: (an ``invalid_response`` error on the metric), never truncated and scored.
+    max_answer_chars: int = Field(default=200_000, ge=1)
     #: Maximum judge calls in flight for one judge instance.
     concurrency: int = Field(default=8, ge=1, le=1024)
     #: Entries of the in-process answer cache (0 disables it).

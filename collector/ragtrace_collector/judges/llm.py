@@ -278,6 +278,21 @@ class LLMJudge:
             except JudgeError as exc:
                 raise JudgeError(exc.kind, str(exc), cost=cost + exc.cost) from None
             cost = cost + call_cost
+            limit = self._config.max_answer_chars
+            if len(text) > limit:  # refused before any parsing: it would stall the loop
+                _log.warning(
+                    "judge_answer_too_large",
+                    model=self.model,
+                    task=task.task_name,
+                    chars=len(text),
+                    limit=limit,
+                )
+                raise JudgeError(
+                    "invalid_response",
+                    f"{task.task_name}: answer of {len(text)} characters exceeds "
+                    f"judge.max_answer_chars ({limit})",
+                    cost=cost,
+                )
             try:
                 return self._validate(task, text), cost
             except _InvalidAnswer as problem:

@@ -12,6 +12,16 @@ ours: a malformed message gets INVALID_ARGUMENT with a clear message.  Statuses:
 RetryInfo travels in ``grpc-status-details-bin`` (a google.rpc.Status, the standard
 place) and also alone under ``google.rpc.retryinfo-bin``, which is where the
 OpenTelemetry Python exporter looks for it.
+
+gRPC itself inflates compressed messages (in its C core, bounded by
+``max_request_bytes``); decoding and splitting a large message run on the shared
+:class:`~ragtrace_collector.receivers.decode.Decoder`, off the event loop.  Connections
+are bounded by ``max_concurrent_streams`` (calls per connection) and closed after
+``keepalive_timeout`` without a call; keep-alive pings probe dead peers.
+
+The receiver is the component ``receiver:otlp_grpc`` (``starting``, ``ok`` once it
+listens, ``permanent_error`` when its port cannot be bound, ``stopping``,
+``stopped``).
 """
 
 from __future__ import annotations
@@ -20,18 +30,18 @@ from typing import Any, Final
 
 import grpc
 
+from ragtrace_collector.component import Component, Status
 from ragtrace_collector.config import GrpcReceiverConfig, split_host_port
 from ragtrace_collector.logs import get_logger
 from ragtrace_collector.otlp import (
     OtlpDecodeError,
-    decode_protobuf_request,
     export_response,
     retry_info,
     rpc_status,
-    split_request,
 )
 from ragtrace_collector.pipeline import Pipeline, Refused
 from ragtrace_collector.receivers.auth import BearerAuth
+from ragtrace_collector.receivers.decode import Decoder, InflateBudget
 from ragtrace_collector.telemetry import Telemetry
 
 __all__ = ["GrpcReceiver"]
@@ -40,8 +50,10 @@ _RECEIVER: Final = "otlp_grpc"
 _SERVICE: Final = "opentelemetry.proto.collector.trace.v1.TraceService"
 
 
-class GrpcReceiver:
+class GrpcReceiver(Component):
     """The OTLP/gRPC server (grpc.aio) feeding a :class:`Pipeline`."""
+
+    component_name = f"receiver:{_RECEIVER}"
 
     def __init__(
         self,
@@ -51,8 +63,12 @@ class GrpcReceiver:
         auth: BearerAuth,
         telemetry: Telemetry,
         grace: float = 5.0,
+        decoder: Decoder | None = None,
     ) -> None:
         self._config = config
+        self._decoder = decoder if decoder is not None else Decoder()
+        self._owns_decoder = decoder is None
+        self._budget = InflateBudget(config.max_request_bytes)
         self._pipeline = pipeline
         self._auth = auth
         self._telemetry = telemetry
@@ -62,12 +78,22 @@ class GrpcReceiver:
         self.address: tuple[str, int] | None = None
 
     async def start(self) -> tuple[str, int]:
+        self.report(Status.STARTING)
         limit = self._config.max_request_bytes
+        idle_ms = int(self._config.keepalive_timeout * 1000)
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
                 ("grpc.so_reuseport", 0),
+                ("grpc.max_concurrent_streams", self._config.max_concurrent_streams),
+                ("grpc.max_connection_idle_ms", idle_ms),
+                # Ping an idle peer now and then; drop it when the ping goes unanswered.
+                ("grpc.keepalive_time_ms", 60_000),
+                ("grpc.keepalive_timeout_ms", 20_000),
+                # Clients may ping (OTel SDKs do) but not flood the server with pings.
+                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+                ("grpc.keepalive_permit_without_calls", 1),
             ]
         )
         handler = grpc.method_handlers_generic_handler(
@@ -95,19 +121,28 @@ class GrpcReceiver:
             else:
                 bound = server.add_insecure_port(target)
         except RuntimeError as exc:
-            raise OSError(f"cannot listen on {target}: {exc}") from None
+            error = OSError(f"cannot listen on {target}: {exc}")
+            self.report(Status.PERMANENT_ERROR, error)
+            raise error from None
         if not bound:
-            raise OSError(f"cannot listen on {target} (address in use?)")
+            error = OSError(f"cannot listen on {target} (address in use?)")
+            self.report(Status.PERMANENT_ERROR, error)
+            raise error
         await server.start()
         self._server = server
         self.address = (host, bound)
+        self.report(Status.OK)
         return self.address
 
     async def stop(self) -> None:
         """Stop accepting calls; calls in progress may finish within the grace period."""
         if self._server is not None:
+            self.report(Status.STOPPING)
             await self._server.stop(self._grace)
             self._server = None
+            self.report(Status.STOPPED)
+        if self._owns_decoder:
+            await self._decoder.aclose()
 
     async def _export(self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         if self._auth.enabled:
@@ -122,7 +157,9 @@ class GrpcReceiver:
                     grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token"
                 )
         try:
-            export = decode_protobuf_request(request)
+            split = await self._decoder.decode(
+                request, encoding="identity", as_json=False, budget=self._budget
+            )
         except OtlpDecodeError as exc:
             self._reject("malformed", str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -130,7 +167,6 @@ class GrpcReceiver:
             message = f"cannot decode the request: {exc!r}"
             self._reject("malformed", message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
-        split = split_request(export)
         try:
             await self._pipeline.accept(split, _RECEIVER, request)
         except Refused as refused:

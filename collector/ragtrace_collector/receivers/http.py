@@ -10,14 +10,22 @@ accepted                               200     ExportTraceServiceResponse (parti
                                                success lists spans with bad ids)
 missing or wrong bearer token          401     ``WWW-Authenticate: Bearer``
 Content-Type not protobuf or JSON      415     also an unknown Content-Encoding
-body (or its decompression) too large  413
+body (or its decompression) too large  413     also a gzip of too many members
 malformed protobuf / JSON / gzip       400
+body not received in read_timeout      408
 queue full (back-pressure)             429     ``Retry-After``; retryable
 shutting down                          503     ``Retry-After``; retryable
 =====================================  ======  ======================================
 
 aiohttp's automatic request decompression is off: the receiver inflates the body
-itself, so a gzip bomb stops at ``max_request_bytes`` and bad gzip gets a clear 400.
+itself (:mod:`ragtrace_collector.receivers.decode`, off the event loop, within a budget
+of output size, gzip members and CPU), so a gzip bomb stops at ``max_request_bytes``
+and bad gzip gets a clear 400.  Slow and surplus connections are handled by
+:mod:`ragtrace_collector.receivers.connections`.
+
+The receiver is the component ``receiver:otlp_http``: ``starting``, ``ok`` once it
+listens, ``permanent_error`` when its port cannot be bound, then ``stopping`` and
+``stopped``.
 """
 
 from __future__ import annotations
@@ -25,12 +33,13 @@ from __future__ import annotations
 import asyncio
 import math
 import ssl
-import zlib
 from typing import Final
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from google.protobuf.message import Message
 
+from ragtrace_collector.component import Component, Status
 from ragtrace_collector.config import HttpReceiverConfig, ServerTLSConfig, split_host_port
 from ragtrace_collector.logs import get_logger
 from ragtrace_collector.otlp import (
@@ -41,31 +50,20 @@ from ragtrace_collector.otlp import (
     CONTENT_TYPE_JSON,
     CONTENT_TYPE_PROTOBUF,
     OtlpDecodeError,
-    decode_json_request,
-    decode_protobuf_request,
     encode_json,
     export_response,
     rpc_status,
-    split_request,
 )
 from ragtrace_collector.pipeline import Pipeline, Refused
 from ragtrace_collector.receivers.auth import BearerAuth
+from ragtrace_collector.receivers.connections import ConnectionGuard
+from ragtrace_collector.receivers.decode import BodyError, Decoder, InflateBudget
 from ragtrace_collector.telemetry import Telemetry
 
 __all__ = ["HttpReceiver", "server_ssl_context"]
 
 _PATH: Final = "/v1/traces"
 _RECEIVER: Final = "otlp_http"
-#: OTLP/JSON bodies larger than this are decoded in a worker thread.
-_JSON_INLINE_BYTES: Final = 64 * 1024
-
-
-class _BadRequest(Exception):
-    def __init__(self, http_status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.http_status = http_status
-        self.reason = reason
-        self.message = message
 
 
 def server_ssl_context(tls: ServerTLSConfig) -> ssl.SSLContext:
@@ -78,31 +76,10 @@ def server_ssl_context(tls: ServerTLSConfig) -> ssl.SSLContext:
     return context
 
 
-def _inflate(data: bytes, encoding: str, limit: int) -> bytes:
-    """Decompress a gzip (possibly multi-member) or zlib body, at most ``limit`` bytes."""
-    wbits = 31 if encoding == "gzip" else 15
-    out = bytearray()
-    while True:
-        inflater = zlib.decompressobj(wbits)
-        try:
-            out += inflater.decompress(data, limit + 1 - len(out))
-        except zlib.error as exc:
-            raise _BadRequest(400, "bad_compression", f"invalid {encoding} body: {exc}") from None
-        if len(out) > limit:
-            raise _BadRequest(
-                413, "too_large", f"decompressed body exceeds the limit of {limit} bytes"
-            )
-        if not inflater.eof:
-            raise _BadRequest(400, "bad_compression", f"truncated {encoding} body")
-        data = inflater.unused_data
-        if not data:
-            return bytes(out)
-        if encoding != "gzip":
-            raise _BadRequest(400, "bad_compression", f"trailing bytes after the {encoding} stream")
-
-
-class HttpReceiver:
+class HttpReceiver(Component):
     """The OTLP/HTTP server (aiohttp) feeding a :class:`Pipeline`."""
+
+    component_name = f"receiver:{_RECEIVER}"
 
     def __init__(
         self,
@@ -112,8 +89,13 @@ class HttpReceiver:
         auth: BearerAuth,
         telemetry: Telemetry,
         grace: float = 5.0,
+        decoder: Decoder | None = None,
     ) -> None:
         self._config = config
+        #: Shared with the gRPC receiver by the service; a private one otherwise.
+        self._decoder = decoder if decoder is not None else Decoder()
+        self._owns_decoder = decoder is None
+        self._budget = InflateBudget(config.max_request_bytes, config.max_gzip_members)
         self._grace = grace
         self._pipeline = pipeline
         self._auth = auth
@@ -121,11 +103,17 @@ class HttpReceiver:
         self._limit = config.max_request_bytes
         self._log = get_logger("receiver").bind(receiver=_RECEIVER)
         self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
+        self._listener: asyncio.AbstractServer | None = None
+        self._guard: ConnectionGuard | None = None
         self.address: tuple[str, int] | None = None
 
+    @property
+    def open_connections(self) -> int:
+        return self._guard.open_connections if self._guard is not None else 0
+
     async def start(self) -> tuple[str, int]:
-        app = web.Application(client_max_size=self._limit)
+        self.report(Status.STARTING)
+        app = web.Application(client_max_size=self._limit, middlewares=[self._head_received])
         app.router.add_post(_PATH, self._handle)
         runner = web.AppRunner(
             app,
@@ -133,34 +121,67 @@ class HttpReceiver:
             auto_decompress=False,
             handle_signals=False,
             shutdown_timeout=self._grace,
+            keepalive_timeout=self._config.keepalive_timeout,
         )
         await runner.setup()
+        assert runner.server is not None
+        guard = ConnectionGuard(
+            runner.server,
+            header_timeout=self._config.read_header_timeout,
+            max_connections=self._config.max_connections,
+            name=_RECEIVER,
+            rejected=self._connection_rejected,
+        )
         host, port = split_host_port(self._config.endpoint)
-        ssl_context = server_ssl_context(self._config.tls) if self._config.tls else None
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
         try:
-            await site.start()
-        except BaseException:
+            ssl_context = server_ssl_context(self._config.tls) if self._config.tls else None
+            listener = await asyncio.get_running_loop().create_server(
+                guard.protocol_factory,
+                host or None,
+                port,
+                ssl=ssl_context,
+                reuse_address=True,
+                backlog=min(1024, self._config.max_connections),
+            )
+        except BaseException as exc:
             await runner.cleanup()
+            self.report(Status.PERMANENT_ERROR, f"cannot listen on {host}:{port}: {exc}")
             raise
-        self._runner, self._site = runner, site
-        sockname = runner.addresses[0]
+        self._runner, self._listener, self._guard = runner, listener, guard
+        sockname = listener.sockets[0].getsockname()
         self.address = (str(sockname[0]), int(sockname[1]))
+        self.report(Status.OK)
         return self.address
 
     async def stop_listening(self) -> None:
         """Close the listening socket; requests already in progress continue."""
-        if self._site is not None:
-            await self._site.stop()
-            self._site = None
+        if self._listener is not None:
+            self.report(Status.STOPPING)
+            self._listener.close()
+            self._listener = None
 
     async def stop(self) -> None:
         """Stop listening, let in-flight requests finish (within the grace period)."""
+        await self.stop_listening()
         if self._runner is not None:
+            self.report(Status.STOPPING)
             await self._runner.cleanup()
             self._runner = None
+            self.report(Status.STOPPED)
+        if self._owns_decoder:
+            await self._decoder.aclose()
+
+    def _connection_rejected(self, reason: str) -> None:
+        self._telemetry.requests_rejected.labels(_RECEIVER, reason).inc()
 
     # ----------------------------------------------------------------- handle
+    @web.middleware
+    async def _head_received(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every routed request (404 and 405 too) disarms its connection's header deadline."""
+        if self._guard is not None:
+            self._guard.request_started(request.protocol)
+        return await handler(request)
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw_type = request.headers.get("Content-Type", "")
         content_type = raw_type.split(";", 1)[0].strip().lower()
@@ -183,18 +204,19 @@ class HttpReceiver:
                 f"{CONTENT_TYPE_PROTOBUF} or {CONTENT_TYPE_JSON}",
                 False,
             )
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         try:
             body = await self._read_body(request)
-            if not as_json:
-                export = decode_protobuf_request(body)
-            elif len(body) <= _JSON_INLINE_BYTES:
-                export = decode_json_request(body)
-            else:  # pure-Python parsing: keep the event loop responsive meanwhile
-                export = await asyncio.to_thread(decode_json_request, body)
-        except _BadRequest as exc:
-            return self._reject(
+            split = await self._decoder.decode(
+                body, encoding=encoding, as_json=as_json, budget=self._budget
+            )
+        except BodyError as exc:
+            answer = self._reject(
                 exc.http_status, exc.reason, CODE_INVALID_ARGUMENT, exc.message, as_json
             )
+            if exc.http_status == 408:  # the rest of the body may still be on its way
+                answer.force_close()
+            return answer
         except OtlpDecodeError as exc:
             return self._reject(400, "malformed", CODE_INVALID_ARGUMENT, str(exc), as_json)
         except Exception as exc:  # whatever a hostile body provokes: still a 400
@@ -205,7 +227,6 @@ class HttpReceiver:
                 f"cannot decode the request: {exc!r}",
                 as_json,
             )
-        split = split_request(export)
         try:
             await self._pipeline.accept(split, _RECEIVER, export if as_json else body)
         except Refused as refused:
@@ -225,23 +246,21 @@ class HttpReceiver:
     async def _read_body(self, request: web.Request) -> bytes:
         length = request.content_length
         if length is not None and length > self._limit:
-            raise _BadRequest(
+            raise BodyError(
                 413, "too_large", f"body of {length} bytes exceeds the limit of {self._limit} bytes"
             )
+        timeout = self._config.read_timeout
         try:
-            body = await request.read()
+            async with asyncio.timeout(timeout):
+                return await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise _BadRequest(
+            raise BodyError(
                 413, "too_large", f"body exceeds the limit of {self._limit} bytes"
             ) from None
-        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding in ("", "identity"):
-            return body
-        if encoding in ("gzip", "deflate"):
-            return _inflate(body, encoding, self._limit)
-        raise _BadRequest(
-            415, "content_encoding", f"unsupported Content-Encoding {encoding!r}: use gzip"
-        )
+        except TimeoutError:
+            raise BodyError(
+                408, "read_timeout", f"the body did not arrive within {timeout}s"
+            ) from None
 
     # -------------------------------------------------------------- responses
     def _reject(
