@@ -44,6 +44,7 @@ from pydantic import (
 from ragtrace_collector.alerts.config import AlertsConfig
 from ragtrace_collector.enrichment import EnrichmentConfig
 from ragtrace_collector.judges.config import JudgeConfig
+from ragtrace_collector.logs import url_secrets
 from ragtrace_collector.metrics.base import MetricOptions
 from ragtrace_collector.reference_store import ReferenceStoreConfig
 from ragtrace_collector.sampling import SamplingConfig
@@ -401,6 +402,12 @@ class AdminConfig(StrictModel):
     endpoint: Annotated[str, BeforeValidator(str)] = Field(
         "127.0.0.1:8888", description="host:port to listen on (`0.0.0.0:8888` in a container)."
     )
+    unhealthy_after: Duration = Field(
+        300.0,
+        description="`/healthz` answers 503 once a component has been in "
+        "`recoverable_error` this long (a backend or Redis down); `permanent_error` "
+        "answers 503 at once.",
+    )
 
     _endpoint = field_validator("endpoint")(_check_listen_endpoint)
 
@@ -411,6 +418,12 @@ class LoggingConfig(StrictModel):
     )
     format: Literal["json", "console"] = Field(
         "json", description="`json`: one JSON object per line; `console`: for humans."
+    )
+    third_party_debug: bool = Field(
+        False,
+        description="Let `openai`, `httpx`, `httpcore` and `litellm` log below WARNING "
+        "(and litellm's verbose mode).  A privacy risk: at debug level they write whole "
+        "judge requests, i.e. user questions and retrieved documents.",
     )
 
 
@@ -525,11 +538,24 @@ class CollectorConfig(StrictModel):
         return value
 
     def secrets(self) -> list[str]:
-        """Values that must never appear in logs: tokens and exporter header values."""
+        """Values that must never appear in logs: tokens, header values, the judge's API
+        key, and the credentials inside every URL the config holds."""
         found = [t.get_secret_value() for t in self.receivers.auth.bearer_tokens]
+        urls: list[str | None] = [self.session_store.url, self.judge.api_base]
         for exporter in self.exporters.values():
             if isinstance(exporter, OtlpHttpExporterConfig | OtlpGrpcExporterConfig):
                 found += list(exporter.headers.values())
+                urls.append(exporter.endpoint)
+        for notifier in (self.alerts.webhook, self.alerts.alertmanager):
+            if notifier is not None:
+                found += list(notifier.headers.values())
+                urls += [notifier.url, getattr(notifier, "generator_url", None)]
+        try:
+            found.append(self.judge.api_key() or "")
+        except ValueError:
+            pass  # an unset key variable is reported when the judge is built
+        for url in urls:
+            found += url_secrets(url)
         return [s for s in found if s]
 
 

@@ -26,7 +26,7 @@ from ragtrace_collector.admin import AdminServer
 from ragtrace_collector.component import ComponentHost, Supervisor
 from ragtrace_collector.config import CollectorConfig, ConfigError, load_config
 from ragtrace_collector.exporters import Exporter, build_exporter
-from ragtrace_collector.logs import configure_logging, get_logger
+from ragtrace_collector.logs import configure_logging, get_logger, redact
 from ragtrace_collector.pipeline import PassThroughProcessor, Pipeline, TraceProcessor
 from ragtrace_collector.receivers.auth import BearerAuth
 from ragtrace_collector.receivers.grpc import GrpcReceiver
@@ -72,8 +72,10 @@ class CollectorService:
                 rules=[r.name for r in config.alerts.rules],
             )
         self.exporters: list[Exporter[Any]] = [
-            build_exporter(name, cfg, self.telemetry) for name, cfg in config.exporters.items()
+            build_exporter(name, cfg, self.telemetry, supervisor=self.supervisor)
+            for name, cfg in config.exporters.items()
         ]
+        self.host.register_all(self.exporters)
         self.pipeline = Pipeline(
             assembly=config.assembly,
             exporters=self.exporters,
@@ -107,7 +109,11 @@ class CollectorService:
         )
         self.admin = (
             AdminServer(
-                config.admin, telemetry=self.telemetry, ready=self._ready, healthy=self._healthy
+                config.admin,
+                telemetry=self.telemetry,
+                ready=self._ready,
+                healthy=self._healthy,
+                components=self.host.snapshot,
             )
             if config.admin.enabled
             else None
@@ -118,14 +124,20 @@ class CollectorService:
 
     # ---------------------------------------------------------------- probes
     def _ready(self) -> tuple[bool, str]:
+        """Readiness: can the process accept data now?"""
         if self._stopping:
             return False, "shutting down"
         if not self._listening:
             return False, "receivers not listening yet"
+        refused = self.pipeline.refusal()
+        if refused is not None:
+            return False, f"refusing data ({refused.reason}): {refused.message}"
         return True, "receivers listening"
 
     def _healthy(self) -> tuple[bool, str]:
-        return True, "serving"
+        """Liveness, from the components' statuses (``admin.unhealthy_after``)."""
+        report = self.host.health(recoverable_grace=self.config.admin.unhealthy_after)
+        return report.ok, report.reason
 
     @property
     def ready(self) -> bool:
@@ -153,6 +165,7 @@ class CollectorService:
                 host, port = await self.admin.start()
                 self._log.info("admin_listening", endpoint=f"{host}:{port}")
             await self.pipeline.start()
+            self.host.register(self.pipeline.assembler)
             if self.stage is not None:
                 self.stage.start()
             if self.grpc_receiver is not None:
@@ -231,7 +244,7 @@ async def _serve(config: CollectorConfig) -> int:
         service = CollectorService(config)
     except Exception as exc:  # settings that fail only when built: a reference file...
         log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
-        print(f"ragtrace-collector: cannot start: {exc}", file=sys.stderr)
+        print(redact(f"ragtrace-collector: cannot start: {exc}"), file=sys.stderr)
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -262,7 +275,12 @@ def serve_command(config_path: Path | None) -> int:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 1
-    configure_logging(config.logging.level, config.logging.format, secrets=config.secrets())
+    configure_logging(
+        config.logging.level,
+        config.logging.format,
+        secrets=config.secrets(),
+        third_party_debug=config.logging.third_party_debug,
+    )
     try:
         return asyncio.run(_serve(config))
     except KeyboardInterrupt:  # a signal before the handlers were installed
