@@ -63,7 +63,8 @@ class CollectorService:
         #: The evaluation stage, unless a processor was given or evaluation is off.
         self.stage: EvaluationStage | None = None
         if processor is None and config.evaluation.enabled:
-            self.stage = build_stage(config, self.telemetry)
+            self.stage = build_stage(config, self.telemetry, supervisor=self.supervisor)
+            self.host.register_all(self.stage.components)
             processor = self.stage.processor
         elif config.alerts.rules:
             self._log.warning(
@@ -213,6 +214,7 @@ class CollectorService:
         )
         if self.stage is not None:
             await self.stage.aclose()
+        await self.supervisor.stop(wait=1.0)
         if self.admin is not None:
             await self.admin.stop()
 
@@ -234,6 +236,7 @@ class CollectorService:
                 await exporter.close(asyncio.get_running_loop().time())
             except Exception as exc:
                 self._log.debug("teardown_error", error=repr(exc))
+        await self.supervisor.stop(wait=1.0)
         if self.admin is not None:
             await self.admin.stop()
 
