@@ -41,10 +41,10 @@ from pydantic import (
     model_validator,
 )
 
-from ragtrace_collector.alerts.config import AlertsConfig
+from ragtrace_collector.alerts.config import AlertsConfig, check_one_auth_source
 from ragtrace_collector.enrichment import EnrichmentConfig
 from ragtrace_collector.judges.config import JudgeConfig
-from ragtrace_collector.logs import url_secrets
+from ragtrace_collector.logs import redact, url_secrets
 from ragtrace_collector.metrics.base import MetricOptions
 from ragtrace_collector.reference_store import ReferenceStoreConfig
 from ragtrace_collector.sampling import SamplingConfig
@@ -91,7 +91,8 @@ class ConfigError(Exception):
 
     def render(self) -> str:
         lines = [f"{self.source}: invalid configuration"]
-        lines += [f"  - {p}" for p in self.problems]
+        # A problem may quote a URL with credentials: redacted like the logs.
+        lines += [f"  - {redact(p)}" for p in self.problems]
         return "\n".join(lines)
 
 
@@ -312,6 +313,11 @@ class OtlpHttpExporterConfig(_ExporterBase):
             raise ValueError(f"{value!r} is not an http:// or https:// URL")
         return value
 
+    @model_validator(mode="after")
+    def _one_auth_source(self) -> OtlpHttpExporterConfig:
+        check_one_auth_source(self.endpoint, self.headers)
+        return self
+
     def traces_url(self) -> str:
         parts = urlsplit(self.endpoint)
         if parts.path in ("", "/"):
@@ -357,7 +363,9 @@ class OtlpGrpcExporterConfig(_ExporterBase):
                 raise ValueError(
                     f"{value!r} is not host:port, http://host:port or https://host:port"
                 )
-            return parts.netloc, parts.scheme == "https"
+            # gRPC has no userinfo: credentials go in headers, never into the target.
+            host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+            return f"{host}:{parts.port}", parts.scheme == "https"
         split_host_port(value)
         return value, None
 

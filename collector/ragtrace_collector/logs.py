@@ -240,6 +240,9 @@ def configure_logging(
     handler._ragtrace = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(numeric)
+    # warnings.warn() (a library's RuntimeWarning...) goes through the same redacting
+    # JSON handler instead of raw text on stderr.
+    logging.captureWarnings(True)
     # aiohttp's access log is per request: too chatty for a span pipeline.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     for name in (*THIRD_PARTY_LOGGERS, *_LITELLM_LOGGERS):

@@ -511,7 +511,8 @@ async def test_a_transition_a_webhook_missed_is_sent_again_in_order() -> None:
     failures = telemetry.registry.get_sample_value(
         "ragtrace_alert_notifications_total", {"notifier": "webhook", "outcome": "error"}
     )
-    assert failures is not None and failures >= 2  # retried at each evaluation, counted
+    assert failures is not None
+    assert failures >= 2  # retried at each evaluation, counted
     await drive(det, clock, GOOD, seconds=120)  # resolves while the target is still down
     assert down.events == []
     down.fail = False

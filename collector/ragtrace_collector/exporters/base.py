@@ -342,7 +342,8 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
                         error=str(exc),
                     )
                 self.failing = True
-                self.report(Status.RECOVERABLE_ERROR, str(exc))
+                if not self._closing:  # at shutdown the status stays "stopping"
+                    self.report(Status.RECOVERABLE_ERROR, str(exc))
                 self._retried.inc(count)
                 await asyncio.sleep(wait)
                 continue

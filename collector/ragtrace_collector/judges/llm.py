@@ -57,7 +57,7 @@ from ragtrace_collector.judges.cache import LRUCache
 from ragtrace_collector.judges.config import JudgeConfig
 from ragtrace_collector.judges.prompting import PromptError, PromptLibrary, RenderedPrompt
 from ragtrace_collector.judges.repair import parse_json_object
-from ragtrace_collector.logs import hold_third_party_loggers
+from ragtrace_collector.logs import hold_third_party_loggers, redact
 from ragtrace_collector.results import Cost
 
 __all__ = ["JudgeStats", "LLMJudge"]
@@ -350,7 +350,9 @@ class LLMJudge:
                     kind, retryable = _classify(self._litellm, exc)
                     if not retryable or attempt >= cfg.max_retries:
                         suffix = f" after {attempt + 1} attempts" if attempt else ""
-                        raise JudgeError(kind, f"{task_name}: {_short(exc)}{suffix}") from None
+                        # The provider's text may quote api_base with its credentials.
+                        message = redact(f"{task_name}: {_short(exc)}{suffix}")
+                        raise JudgeError(kind, message) from None
                     delay = self._backoff(attempt, _retry_after(exc))
                     _log.info(
                         "judge_retry",
