@@ -194,3 +194,22 @@ def test_healthz_body_lists_every_component(sink: OtlpSink) -> None:
         assert ready_status == 200, ready
         assert json.dumps(ready)  # a JSON body with the same components
         assert set(ready["components"]) == set(body["components"])
+
+
+def test_readyz_says_not_ready_while_the_pipeline_refuses_everything(sink: OtlpSink) -> None:
+    exporter = sink_exporter(sink, "otlp_http", queue={"max_spans": 6})
+    config = collector_config(
+        exporters={"backend": exporter}, assembly={"decision_wait": 0}, **passthrough_sections()
+    )
+    with running_collector(config) as collector:
+        assert admin_json(collector.admin_url + "/readyz")[0] == 200
+        sink.go_down()
+        sent = _send(collector, 0, 3)  # 9 spans: the 6-span queue is full
+        wait_for(lambda: admin_json(collector.admin_url + "/readyz")[0] == 503, what="/readyz 503")
+        _, body = admin_json(collector.admin_url + "/readyz")
+        assert "queue_full" in body["reason"]
+        # Liveness is another question: the process is fine, only the backend is down.
+        assert admin_json(collector.admin_url + "/healthz")[0] == 200
+        sink.come_up()
+        wait_for(lambda: {r.key for r in sink.spans} >= set(sent), what="delivered")
+        wait_for(lambda: admin_json(collector.admin_url + "/readyz")[0] == 200, what="/readyz 200")
