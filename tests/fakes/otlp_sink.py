@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from aiohttp import web
@@ -268,24 +268,14 @@ class OtlpSink:
 
     def _next_answer(self) -> _Answer | None:
         with self._lock:
-            while self._answers and self._answers[0].remaining <= 0:
-                self._answers.pop(0)
-            if not self._answers:
-                return None
-            answer = self._answers[0]
-            answer.remaining -= 1
-            self.answers_served += 1
+            answer = _take_scripted(self._answers)
+            self.answers_served += answer is not None
             return answer
 
     def _next_failure(self) -> _Failure | None:
         with self._lock:
-            while self._failures and self._failures[0].remaining <= 0:
-                self._failures.pop(0)
-            if not self._failures:
-                return None
-            failure = self._failures[0]
-            failure.remaining -= 1
-            self.failures_served += 1
+            failure = _take_scripted(self._failures)
+            self.failures_served += failure is not None
             return failure
 
     def _record(self, request: ExportTraceServiceRequest, via: str) -> None:
@@ -454,6 +444,19 @@ class OtlpSink:
         return web.Response(
             status=answer.status, body=answer.body, content_type=answer.content_type
         )
+
+
+_Scripted = TypeVar("_Scripted", _Answer, _Failure)
+
+
+def _take_scripted(script: list[_Scripted]) -> _Scripted | None:
+    """The next scripted entry with uses left (one use taken), or None."""
+    while script and script[0].remaining <= 0:
+        script.pop(0)
+    if not script:
+        return None
+    script[0].remaining -= 1
+    return script[0]
 
 
 def partial_success(rejected_spans: int, message: str = "") -> bytes:

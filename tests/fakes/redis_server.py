@@ -86,18 +86,24 @@ class RedisServer:
         # The port is free when probed but may be taken before redis binds it: retry.
         for _ in range(_ATTEMPTS):
             self.port = _free_port()
-            self._proc = self._spawn()
-            deadline = time.monotonic() + _START_TIMEOUT
-            while time.monotonic() < deadline and self._proc.poll() is None:
-                if _ping(self.port, timeout=1.0):
-                    return
-                time.sleep(0.02)
+            if self._launch():
+                return
             errors.append(self._read_log())
             self._kill()
         self.stop()
         raise RuntimeError(
             f"redis-server did not start after {_ATTEMPTS} attempts:\n" + "\n".join(errors)
         )
+
+    def _launch(self) -> bool:
+        """Start redis-server on ``self.port``; True once it answers PING."""
+        self._proc = proc = self._spawn()
+        deadline = time.monotonic() + _START_TIMEOUT
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _ping(self.port, timeout=1.0):
+                return True
+            time.sleep(0.02)
+        return False
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         assert self._dir is not None
@@ -150,12 +156,8 @@ class RedisServer:
     def restart(self) -> None:
         """Start again on the same port after :meth:`crash`."""
         assert self._dir is not None, "never started"
-        self._proc = self._spawn()
-        deadline = time.monotonic() + _START_TIMEOUT
-        while time.monotonic() < deadline and self._proc.poll() is None:
-            if _ping(self.port, timeout=1.0):
-                return
-            time.sleep(0.02)
+        if self._launch():
+            return
         raise RuntimeError(f"redis-server did not restart:\n{self._read_log()}")
 
     def stop(self) -> None:
