@@ -395,6 +395,18 @@ class OnlineEvaluator:
                 for cmetric in self.conversation_metrics:
                     outcome.results.append(_store_unavailable(cmetric.name, exc))
                 return outcome
+            except Exception as exc:  # a bug: the case metrics above still finish
+                self._log.exception("conversation_failed", trace_id=built.trace_id)
+                for cmetric in self.conversation_metrics:
+                    outcome.results.append(
+                        MetricResult(
+                            metric=cmetric.name,
+                            score=None,
+                            error="conversation unavailable",
+                            reason=str(redact(f"{type(exc).__name__}: {exc}")),
+                        )
+                    )
+                return outcome
             loop = asyncio.get_running_loop()
             for cmetric in self.conversation_metrics:
                 if view is None:

@@ -129,7 +129,8 @@ class SessionStoreConfig(BaseModel):
     key_prefix: str = Field(
         "ragtrace:session:", description="`redis` backend only: prefix of every key."
     )
-    #: ``redis`` backend only: connect and command timeout, seconds.
+    #: ``redis`` backend only: bound on connecting and on each store call as a whole;
+    #: a hung Redis fails the call after this (conversation metrics get an error).
     socket_timeout: Duration = Field(default=5.0, gt=0.0)
 
     @field_validator("url")

@@ -474,13 +474,27 @@ class DropDetector:
         for send in sends:
             backlog = self._unsent.get(send[0].name)
             if backlog and send[0].resend_interval is None:
-                backlog.append(send[1])
+                self._queue_unsent(send[0], send[1])
             else:
                 ready.append(send)
         sends = ready
         if sends:
             await asyncio.gather(*(self._send(n, e, s, when) for n, e, s in sends))
         return transitions
+
+    def _queue_unsent(self, notifier: Notifier, event: AlertEvent) -> None:
+        queue = self._unsent.setdefault(notifier.name, deque(maxlen=_MAX_UNSENT))
+        if len(queue) == queue.maxlen:
+            lost = queue[0]
+            _log.error(
+                "alert_notification_dropped",
+                notifier=notifier.name,
+                rule=lost.rule,
+                service=lost.service,
+                status=lost.status,
+                detail=f"more than {_MAX_UNSENT} notifications waiting for a target that is down",
+            )
+        queue.append(event)
 
     async def _send_unsent(self, when: float) -> None:
         """Send again, in order, the transitions a notifier failed to deliver."""
@@ -521,7 +535,7 @@ class DropDetector:
                 notifier.report(Status.RECOVERABLE_ERROR, str(exc))
             if will_retry:
                 # A transition-only notifier would never hear of this alert again.
-                self._unsent.setdefault(notifier.name, deque(maxlen=_MAX_UNSENT)).append(event)
+                self._queue_unsent(notifier, event)
         else:
             outcome = "ok"
             if isinstance(notifier, Component):
