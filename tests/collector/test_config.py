@@ -220,6 +220,7 @@ def test_check_config_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_check_config_command_line_and_the_shipped_docker_config(tmp_path: Path) -> None:
     docker = ROOT / "docker" / "collector.yaml"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGTRACE_")}
+    env["RAGTRACE_BEARER_TOKEN"] = "token-the-compose-file-requires"
     done = subprocess.run(
         [str(COLLECTOR), "check-config", str(docker)],
         capture_output=True,
