@@ -1,33 +1,55 @@
 """Admin HTTP port: ``/metrics`` (Prometheus), ``/healthz`` (liveness), ``/readyz``.
 
-``/readyz`` answers 200 only while every enabled receiver listens and the collector
-is not shutting down; otherwise 503 with the reason.  ``/healthz`` answers 200 while
-the process serves (its event loop is alive), 503 if a pipeline task died.
+Both probes answer from the components' reported statuses
+(:class:`~ragtrace_collector.component.ComponentHost`), never from a constant:
+
+* ``/healthz`` (liveness) is 503 when a component is in ``permanent_error``, or has
+  been in ``recoverable_error`` longer than ``admin.unhealthy_after``: restarting
+  the process is then a reasonable next step.
+* ``/readyz`` (readiness) is 503 when the process cannot accept data: receivers not
+  listening yet, shutting down, or the pipeline refusing every request (an exporter
+  queue full, the processor holding its limit, the WAL full).
+
+The JSON body of both, redacted like the logs, is ``{"status": "ok"|"unavailable",
+"reason": ..., "components": {name: {"status", "last_error", "since_s",
+"timestamp"}}}``.  The probes are answered on the event loop from in-memory state
+only, so they stay fast while parts fail.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
 from ragtrace_collector.config import AdminConfig, split_host_port
+from ragtrace_collector.logs import redact
 from ragtrace_collector.telemetry import CONTENT_TYPE_LATEST, Telemetry
 
-__all__ = ["AdminServer"]
+__all__ = ["AdminServer", "Probe"]
 
 #: Returns (ok, reason).
 Probe = Callable[[], tuple[bool, str]]
+#: Returns every component's status (``ComponentHost.snapshot``).
+Snapshot = Callable[[], dict[str, dict[str, Any]]]
 
 
 class AdminServer:
     def __init__(
-        self, config: AdminConfig, *, telemetry: Telemetry, ready: Probe, healthy: Probe
+        self,
+        config: AdminConfig,
+        *,
+        telemetry: Telemetry,
+        ready: Probe,
+        healthy: Probe,
+        components: Snapshot | None = None,
     ) -> None:
         self._config = config
         self._telemetry = telemetry
         self._ready = ready
         self._healthy = healthy
+        self._components = components
         self._runner: web.AppRunner | None = None
         self.address: tuple[str, int] | None = None
 
@@ -60,13 +82,13 @@ class AdminServer:
             body=self._telemetry.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
-    @staticmethod
-    def _probe(check: Probe) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    def _probe(self, check: Probe) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handler(request: web.Request) -> web.StreamResponse:
             ok, reason = check()
-            return web.json_response(
-                {"status": "ok" if ok else "unavailable", "reason": reason},
-                status=200 if ok else 503,
-            )
+            body: dict[str, Any] = {"status": "ok" if ok else "unavailable", "reason": reason}
+            if self._components is not None:
+                body["components"] = self._components()
+            # Errors may quote a URL with credentials: the same redaction as the logs.
+            return web.json_response(redact(body), status=200 if ok else 503)
 
         return handler

@@ -16,6 +16,12 @@ armed for the earliest deadline, so an idle collector does no work and
 Bookkeeping is O(1) per trace: ``_pending`` keeps traces in order of first arrival
 (for ``max_trace_wait`` and pressure), ``_rooted`` keeps traces that have their root
 in order of last activity (for ``decision_wait``).
+
+The assembler is the ``assembler`` component: ``ok`` while its timer runs.  A release
+that raises inside the timer is logged with its traceback, counted
+(``ragtrace_component_failures_total{component="assembler"}``), puts the status in
+``recoverable_error``, and the timer is armed again, so no buffered trace is left
+waiting on a timer that died; the next clean run reports ``ok``.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from ragtrace_collector.component import Component, Status
 from ragtrace_collector.config import AssemblyConfig
+from ragtrace_collector.logs import get_logger
 from ragtrace_collector.otlp import InstrumentationScope, Resource, Span, SpanGroup, SplitRequest
 from ragtrace_collector.telemetry import Telemetry
 
@@ -126,8 +134,10 @@ class _Pending:
         self.has_root = False
 
 
-class Assembler:
+class Assembler(Component):
     """Buffers spans per trace and releases whole traces through ``release``."""
+
+    component_name = "assembler"
 
     def __init__(
         self,
@@ -152,6 +162,8 @@ class Assembler:
         self.peak_buffered_spans = 0
         self.late_spans = 0
         self.pressure_releases = 0
+        self._log = get_logger("assembler")
+        self.report(Status.OK)
 
     # ------------------------------------------------------------------ state
     @property
@@ -211,6 +223,7 @@ class Assembler:
     def close(self) -> None:
         """Stop the timer; buffered traces stay (call :meth:`release_all` first)."""
         self._closed = True
+        self.report(Status.STOPPED)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -274,6 +287,20 @@ class Assembler:
     def _on_timer(self) -> None:
         self._timer = None
         now = self._loop.time()
+        try:
+            self._release_due(now)
+        except Exception as exc:  # a release callback bug: never leave the timer dead
+            self._log.exception("assembler_timer_failed")
+            if self._host is not None:
+                self._host.failed(self)
+            self.report(Status.RECOVERABLE_ERROR, exc)
+        else:
+            self.report_ok()
+        finally:
+            self._update_gauges()
+            self._arm(self._loop.time())
+
+    def _release_due(self, now: float) -> None:
         wait = self._config.decision_wait
         max_wait = self._config.max_trace_wait
         while self._rooted:
@@ -287,8 +314,6 @@ class Assembler:
                 break
             self._release(pending, ReleaseReason.MAX_WAIT, now)
         self._expire_released(now)
-        self._update_gauges()
-        self._arm(now)
 
     def _expire_released(self, now: float) -> None:
         ttl = self._config.late_trace_ttl

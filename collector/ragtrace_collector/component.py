@@ -215,7 +215,11 @@ class ComponentHost:
             self._log.warning(
                 "component_status", component=name, status=new.status.value, error=new.error
             )
-        elif old is not None and old.status in (Status.RECOVERABLE_ERROR, Status.PERMANENT_ERROR):
+        elif (
+            new.status is Status.OK
+            and old is not None
+            and old.status in (Status.RECOVERABLE_ERROR, Status.PERMANENT_ERROR)
+        ):
             self._log.info("component_recovered", component=name, status=new.status.value)
 
     def _export(self, component: Component, old: StatusEvent | None, new: StatusEvent) -> None:

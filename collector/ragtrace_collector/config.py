@@ -41,9 +41,10 @@ from pydantic import (
     model_validator,
 )
 
-from ragtrace_collector.alerts.config import AlertsConfig
+from ragtrace_collector.alerts.config import AlertsConfig, check_one_auth_source
 from ragtrace_collector.enrichment import EnrichmentConfig
 from ragtrace_collector.judges.config import JudgeConfig
+from ragtrace_collector.logs import redact, url_secrets
 from ragtrace_collector.metrics import METRIC_NAMES, OFFLINE_METRICS, MetricOptions
 from ragtrace_collector.reference_store import ReferenceStoreConfig
 from ragtrace_collector.sampling import SamplingConfig
@@ -106,7 +107,8 @@ class ConfigError(ValueError):
 
     def render(self) -> str:
         lines = [f"{self.source}: invalid configuration"]
-        lines += [f"  - {p}" for p in self.problems]
+        # A problem may quote a URL with credentials: redacted like the logs.
+        lines += [f"  - {redact(p)}" for p in self.problems]
         return "\n".join(lines)
 
 
@@ -371,6 +373,11 @@ class OtlpHttpExporterConfig(_ExporterBase):
             raise ValueError(f"{value!r} is not an http:// or https:// URL")
         return value
 
+    @model_validator(mode="after")
+    def _one_auth_source(self) -> OtlpHttpExporterConfig:
+        check_one_auth_source(self.endpoint, self.headers)
+        return self
+
     def traces_url(self) -> str:
         parts = urlsplit(self.endpoint)
         if parts.path in ("", "/"):
@@ -416,7 +423,9 @@ class OtlpGrpcExporterConfig(_ExporterBase):
                 raise ValueError(
                     f"{value!r} is not host:port, http://host:port or https://host:port"
                 )
-            return parts.netloc, parts.scheme == "https"
+            # gRPC has no userinfo: credentials go in headers, never into the target.
+            host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+            return f"{host}:{parts.port}", parts.scheme == "https"
         split_host_port(value)
         return value, None
 
@@ -461,6 +470,12 @@ class AdminConfig(StrictModel):
     endpoint: Annotated[str, BeforeValidator(str)] = Field(
         "127.0.0.1:8888", description="host:port to listen on (`0.0.0.0:8888` in a container)."
     )
+    unhealthy_after: Duration = Field(
+        300.0,
+        description="`/healthz` answers 503 once a component has been in "
+        "`recoverable_error` this long (a backend or Redis down); `permanent_error` "
+        "answers 503 at once.",
+    )
 
     _endpoint = field_validator("endpoint")(_check_listen_endpoint)
 
@@ -473,6 +488,12 @@ class LoggingConfig(StrictModel):
         "auto",
         description="`json`: one JSON object per line; `console`: for humans; `auto`: "
         "`console` when stderr is a terminal, else `json`.",
+    )
+    third_party_debug: bool = Field(
+        False,
+        description="Let `openai`, `httpx`, `httpcore` and `litellm` log below WARNING "
+        "(and litellm's verbose mode).  A privacy risk: at debug level they write whole "
+        "judge requests, i.e. user questions and retrieved documents.",
     )
 
 
@@ -590,11 +611,24 @@ class CollectorConfig(StrictModel):
         return value
 
     def secrets(self) -> list[str]:
-        """Values that must never appear in logs: tokens and exporter header values."""
+        """Values that must never appear in logs: tokens, header values, the judge's API
+        key, and the credentials inside every URL the config holds."""
         found = [t.get_secret_value() for t in self.receivers.auth.bearer_tokens]
+        urls: list[str | None] = [self.session_store.url, self.judge.api_base]
         for exporter in self.exporters.values():
             if isinstance(exporter, OtlpHttpExporterConfig | OtlpGrpcExporterConfig):
                 found += list(exporter.headers.values())
+                urls.append(exporter.endpoint)
+        for notifier in (self.alerts.webhook, self.alerts.alertmanager):
+            if notifier is not None:
+                found += list(notifier.headers.values())
+                urls += [notifier.url, getattr(notifier, "generator_url", None)]
+        try:
+            found.append(self.judge.api_key() or "")
+        except ValueError:
+            pass  # an unset key variable is reported when the judge is built
+        for url in urls:
+            found += url_secrets(url)
         return [s for s in found if s]
 
 

@@ -22,6 +22,12 @@ and the results follow on a carrier span.  With ``attach: span`` (the default), 
 metric still running at ``trace_timeout`` is written as ``.error = "timeout"`` and the
 trace goes on; ``late_results: carrier`` lets such a metric finish and sends its
 result on a carrier span instead.
+
+When the session store fails (Redis down, hung or refusing), the case metrics run and
+are written as usual; each conversation metric gets ``.error = "session store
+unavailable"`` with the store's error as its reason.  After the store recovers, a
+window that lacks turns (evaluated during the outage, or never arrived) is still
+scored, and its reason says which turns are missing ("turns 3–4 missing").
 """
 
 from __future__ import annotations
@@ -46,12 +52,17 @@ from ragtrace_collector.enrichment import (
     make_carrier_span,
 )
 from ragtrace_collector.judges.base import Judge, JudgeCallRecord
-from ragtrace_collector.logs import get_logger
+from ragtrace_collector.logs import get_logger, redact
 from ragtrace_collector.metrics import NOTHING_RETRIEVED_YET, ConversationMetric, Metric
 from ragtrace_collector.otlp import Span, SpanGroup
 from ragtrace_collector.results import Cost, MetricResult
 from ragtrace_collector.sampling import Sampler, SamplingDecision, trace_attribute_lookup
-from ragtrace_collector.session_store import SessionStore, SessionTurn, TurnContext
+from ragtrace_collector.session_store import (
+    SessionStore,
+    SessionStoreError,
+    SessionTurn,
+    TurnContext,
+)
 from ragtrace_collector.spanattrs import attributes_to_dict, set_attributes
 from ragtrace_collector.telemetry import Telemetry
 
@@ -378,10 +389,27 @@ class OnlineEvaluator:
                 asyncio.create_task(self._run_case_metric(metric, built), name=metric.name)
             )
         if self.conversation_metrics:
-            conv = await self._conversation_for(built)
+            try:
+                view = await self._conversation_for(built)
+            except SessionStoreError as exc:
+                for cmetric in self.conversation_metrics:
+                    outcome.results.append(_store_unavailable(cmetric.name, exc))
+                return outcome
+            except Exception as exc:  # a bug: the case metrics above still finish
+                self._log.exception("conversation_failed", trace_id=built.trace_id)
+                for cmetric in self.conversation_metrics:
+                    outcome.results.append(
+                        MetricResult(
+                            metric=cmetric.name,
+                            score=None,
+                            error="conversation unavailable",
+                            reason=str(redact(f"{type(exc).__name__}: {exc}")),
+                        )
+                    )
+                return outcome
             loop = asyncio.get_running_loop()
             for cmetric in self.conversation_metrics:
-                if conv is None:
+                if view is None:
                     outcome.results.append(
                         MetricResult(
                             metric=cmetric.name,
@@ -400,7 +428,7 @@ class OnlineEvaluator:
                 step: asyncio.Future[None] = loop.create_future()
                 self._window_steps[key] = step
                 task = asyncio.create_task(
-                    self._run_window_metric(cmetric, built, conv, previous),
+                    self._run_window_metric(cmetric, built, view, previous),
                     name=cmetric.name,
                 )
                 # Released however the task ends (even cancelled before it started).
@@ -424,8 +452,11 @@ class OnlineEvaluator:
             extra[semconv.EVAL_FIELD_REFERENCE] = used
         return result, extra
 
-    async def _conversation_for(self, built: BuiltCase) -> Conversation | None:
-        """Append this turn to its session and return the conversation up to it."""
+    async def _conversation_for(
+        self, built: BuiltCase
+    ) -> tuple[Conversation, frozenset[int]] | None:
+        """Append this turn to its session and return the conversation up to it, with
+        the turn indices it holds.  Raises :class:`SessionStoreError`."""
         if built.session_id is None or built.turn_index is None:
             return None
         case = built.case
@@ -446,9 +477,11 @@ class OnlineEvaluator:
             kept = await self.sessions.append_turn(built.session_id, turn)
         turns: list[Turn] = []
         outcome = built.expected_outcome
+        present: set[int] = set()
         for stored in kept:
             if stored.turn_index > built.turn_index:
                 continue  # a later turn arrived first: this turn's window ends here
+            present.add(stored.turn_index)
             turns.append(Turn(role="user", content=stored.user_content or ""))
             turns.append(
                 Turn(
@@ -461,7 +494,8 @@ class OnlineEvaluator:
                 )
             )
             outcome = outcome or stored.expected_outcome
-        return Conversation(turns=turns, expected_outcome=outcome, case_id=built.session_id)
+        conversation = Conversation(turns=turns, expected_outcome=outcome, case_id=built.session_id)
+        return conversation, frozenset(present)
 
     def _session_lock(self, session_id: str) -> asyncio.Lock:
         lock = self._session_locks.get(session_id)
@@ -485,7 +519,7 @@ class OnlineEvaluator:
         self,
         metric: ConversationMetric,
         built: BuiltCase,
-        conv: Conversation,
+        view: tuple[Conversation, frozenset[int]],
         previous: asyncio.Future[None] | None,
     ) -> tuple[MetricResult, dict[str, Any]]:
         """Score this turn's window, then (after the session's previous turn did the
@@ -493,6 +527,7 @@ class OnlineEvaluator:
         the mean over the windows up to k, whatever order the windows finish in."""
         assert built.session_id is not None
         assert built.turn_index is not None
+        conv, present = view
         try:
             result = await asyncio.wait_for(
                 metric.measure_window(conv, -1, self.judge), self.config.metric_timeout
@@ -504,13 +539,26 @@ class OnlineEvaluator:
             # Bounded: the previous turn's task is itself bounded by the timeouts, and
             # its step is released however it ends.
             await asyncio.wait([previous])
-        window_score = result.details.get("window_score", result.score)
-        if result.error is not None or window_score is None:
-            sums = await self.sessions.get_window_scores(built.session_id, metric.name)
-        else:
-            sums = await self.sessions.add_window_score(
-                built.session_id, metric.name, float(window_score), turn_index=built.turn_index
+        first = max(0, built.turn_index - metric.options.window_size + 1)
+        missing = [i for i in range(first, built.turn_index) if i not in present]
+        if missing and result.error is None:
+            note = f"{_describe_turns(missing)} missing from the window"
+            result = result.model_copy(
+                update={
+                    "reason": f"{result.reason} ({note})" if result.reason else note,
+                    "details": {**result.details, "missing_turns": missing},
+                }
             )
+        window_score = result.details.get("window_score", result.score)
+        try:
+            if result.error is not None or window_score is None:
+                sums = await self.sessions.get_window_scores(built.session_id, metric.name)
+            else:
+                sums = await self.sessions.add_window_score(
+                    built.session_id, metric.name, float(window_score), turn_index=built.turn_index
+                )
+        except SessionStoreError as exc:
+            return _store_unavailable(metric.name, exc), {}
         total, count = sums
         if not count or result.details.get(NOTHING_RETRIEVED_YET):
             return result, {}  # nothing retrieved so far: no conversation score yet
@@ -518,6 +566,30 @@ class OnlineEvaluator:
         if metric.options.strict and running < 1.0:
             running = 0.0  # as the offline conversation result: strict applies to the mean
         return result, {semconv.EVAL_FIELD_CONVERSATION_SCORE: running}
+
+
+def _store_unavailable(metric: str, exc: SessionStoreError) -> MetricResult:
+    """A conversation metric that could not run: the session store failed."""
+    return MetricResult(
+        metric=metric,
+        score=None,
+        error="session store unavailable",
+        reason=str(redact(str(exc))),
+    )
+
+
+def _describe_turns(indices: Sequence[int]) -> str:
+    """``[3, 4, 7]`` -> ``"turns 3–4, 7"``; ``[2]`` -> ``"turn 2"``."""
+    runs: list[str] = []
+    start = prev = indices[0]
+    for i in [*indices[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        runs.append(str(start) if start == prev else f"{start}\u2013{prev}")
+        if i is not None:
+            start = prev = i
+    return f"{'turn' if len(indices) == 1 else 'turns'} {', '.join(runs)}"
 
 
 def _timeout_result(metric: str, seconds: float) -> MetricResult:

@@ -7,11 +7,18 @@ event dict (nested dicts, lists and tuples too) and
   ``api_key``, ``password``, ``secret``, ``cookie`` ... in any case, with ``-``/``_``
   variations) with ``[REDACTED]``, unless the value is a number (``prompt_tokens=12``);
 * rewrites ``Bearer <token>`` / ``Basic <creds>`` anywhere in a string;
-* removes every registered secret value (the configured bearer tokens, exporter header
-  values) wherever it appears inside a string, e.g. in an exception message.
+* removes every registered secret value (the configured bearer tokens, header values,
+  URL passwords) wherever it appears inside a string, e.g. in an exception message;
+* redacts credentials in any URL inside a string: the userinfo
+  (``https://user:pass@host`` -> ``https://[REDACTED]@host``) and the value of every
+  query parameter named like a credential (``key``, ``token``, ``secret``,
+  ``password``, ``signature``, ``sig``, ``auth``, ``credential``...).
 
-Third-party stdlib loggers (aiohttp, grpc, asyncio) are routed through the same
-processors, so their lines are JSON and redacted too.
+Third-party stdlib loggers (aiohttp, grpc, asyncio, litellm) are routed through the
+same processors, so their lines are JSON and redacted too; exception text and
+tracebacks are redacted after they are formatted.  The loggers that write request
+bodies at debug level (``openai``, ``httpx``, ``httpcore``, ``litellm``) are held at
+WARNING unless ``logging.third_party_debug`` opts in (:func:`hold_third_party_loggers`).
 """
 
 from __future__ import annotations
@@ -20,11 +27,20 @@ import logging
 import re
 import sys
 from collections.abc import Iterable, MutableMapping
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import structlog
 
-__all__ = ["REDACTED", "Redactor", "configure_logging", "get_logger"]
+__all__ = [
+    "REDACTED",
+    "Redactor",
+    "configure_logging",
+    "get_logger",
+    "hold_third_party_loggers",
+    "redact",
+    "url_secrets",
+]
 
 REDACTED = "[REDACTED]"
 
@@ -39,6 +55,42 @@ _SCHEME_RE = re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=\-]+", re.IGNORECAS
 _KEY_SHAPE_RE = re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}")
 #: Secrets shorter than this are not substring-replaced (too likely to hit normal text).
 _MIN_SECRET_LEN = 6
+#: ``scheme://userinfo@``: the userinfo of any URL (``redis://:pw@``, ``https://u:p@``).
+_USERINFO_RE = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.\-]*://)[^/\s@?#'\"<>]+@")
+#: A query parameter whose name looks like a credential, and its value.
+_CREDENTIAL_PARAM = (
+    r"[\w.\-]*(?:key|token|secret|passw(?:or)?d|pwd|signature|sig|auth|credential)[\w.\-]*"
+)
+_QUERY_SECRET_RE = re.compile(
+    rf"([?&;]{_CREDENTIAL_PARAM}=)[^&;#\s'\"<>]+",
+    re.IGNORECASE,
+)
+_QUERY_SECRET_NAME_RE = re.compile(rf"^{_CREDENTIAL_PARAM}$", re.IGNORECASE)
+
+#: Loggers that write whole requests (judge prompts: user data) at debug level.
+THIRD_PARTY_LOGGERS: Final = ("openai", "httpx", "httpcore", "litellm", "LiteLLM")
+#: litellm's loggers, which it gives a handler of its own (bypassing ours).
+_LITELLM_LOGGERS: Final = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
+_third_party_debug = False
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The credentials inside ``url`` (password/userinfo, credential-named query
+    values), raw and percent-decoded, to register with the redactor."""
+    if not url:
+        return []
+    try:
+        parts = urlsplit(url)
+        # With a password, the user name is not the secret; alone, it often is (a token).
+        found = [parts.password if parts.password is not None else parts.username or ""]
+        found += [v for k, v in parse_qsl(parts.query) if _QUERY_SECRET_NAME_RE.match(k)]
+    except ValueError:
+        return []
+    out: list[str] = []
+    for value in found:
+        if value:
+            out += [value, unquote(value)]
+    return out
 
 
 class Redactor:
@@ -90,10 +142,42 @@ class Redactor:
             if secret in text:
                 text = text.replace(secret, REDACTED)
         text = _SCHEME_RE.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+        if "://" in text:
+            text = _USERINFO_RE.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
+        if "=" in text:
+            text = _QUERY_SECRET_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
         return _KEY_SHAPE_RE.sub(REDACTED, text)
 
 
 _redactor = Redactor()
+
+
+def redact(value: Any) -> Any:
+    """``value`` with every secret the active redactor knows removed (for text that
+    leaves the process outside a log line: stderr messages, HTTP error bodies)."""
+    return _redactor.scrub(value)
+
+
+def hold_third_party_loggers() -> None:
+    """Hold the request-body loggers at WARNING (unless ``third_party_debug``) and make
+    litellm's loggers write through ours (redacted) rather than their own handler.
+
+    Called by :func:`configure_logging` and again after litellm is imported (its
+    import installs its handler)."""
+    for name in _LITELLM_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+    if _third_party_debug:
+        return
+    for name in (*THIRD_PARTY_LOGGERS, *_LITELLM_LOGGERS):
+        logger = logging.getLogger(name)
+        if logger.getEffectiveLevel() < logging.WARNING:
+            logger.setLevel(logging.WARNING)
+    litellm = sys.modules.get("litellm")
+    if litellm is not None:
+        setattr(litellm, "set_verbose", False)  # noqa: B010 (module attribute)
 
 
 def configure_logging(
@@ -102,14 +186,17 @@ def configure_logging(
     *,
     secrets: Iterable[str] = (),
     stream: TextIO | None = None,
+    third_party_debug: bool = False,
 ) -> Redactor:
     """Configure structlog and the stdlib root logger; returns the active redactor.
 
     ``fmt`` is ``json``, ``console`` or ``auto`` (console on a terminal, else JSON).
-
-    Safe to call more than once (later calls replace the configuration and add
-    secrets).
+    ``third_party_debug`` lets the request-body loggers (:data:`THIRD_PARTY_LOGGERS`)
+    follow ``level``; by default they are held at WARNING.  Safe to call more than once
+    (later calls replace the configuration and add secrets).
     """
+    global _third_party_debug
+    _third_party_debug = third_party_debug
     _redactor.add_secrets(secrets)
     out = stream if stream is not None else sys.stderr
     if fmt == "auto":  # people at a terminal read the console form; pipelines get JSON
@@ -157,8 +244,15 @@ def configure_logging(
     handler._ragtrace = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(numeric)
+    # warnings.warn() (a library's RuntimeWarning...) goes through the same redacting
+    # JSON handler instead of raw text on stderr.
+    logging.captureWarnings(True)
     # aiohttp's access log is per request: too chatty for a span pipeline.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    for name in (*THIRD_PARTY_LOGGERS, *_LITELLM_LOGGERS):
+        if third_party_debug:
+            logging.getLogger(name).setLevel(logging.NOTSET)
+    hold_third_party_loggers()
     return _redactor
 
 

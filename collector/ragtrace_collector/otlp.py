@@ -124,6 +124,9 @@ class SplitRequest:
     span_count: int
     rejected_spans: int = 0
     error_message: str = ""
+    #: What the write-ahead log stores for this request: the plain (inflated) protobuf
+    #: body, or the decoded message (OTLP/JSON); set by the receivers' decoder.
+    payload: bytes | Message | None = None
 
 
 def split_request(request: ExportTraceServiceRequest) -> SplitRequest:

@@ -35,6 +35,7 @@ from ragtrace_collector.metrics import (
 )
 
 if TYPE_CHECKING:
+    from ragtrace_collector.component import Supervisor
     from ragtrace_collector.reference_store import ReferenceStore
 
 __all__ = [
@@ -134,15 +135,20 @@ def alert_rule_problems(config: CollectorConfig, evaluated: list[str]) -> list[s
     return problems
 
 
-def load_reference_store(config: CollectorConfig) -> tuple[ReferenceStore | None, list[str]]:
+def load_reference_store(
+    config: CollectorConfig, *, supervisor: Supervisor | None = None, missing_ok: bool = False
+) -> tuple[ReferenceStore | None, list[str]]:
     """The reference store, loaded from its file (None when not configured), or the
-    problem that stops it loading."""
+    problem that stops it loading.  With ``missing_ok`` (``serve``), a file that does
+    not exist yet is a ``reference_store`` status, not a problem; ``check-config`` still
+    reports it."""
     if config.reference_store is None:
         return None, []
     from ragtrace_collector.reference_store import ReferenceStore, ReferenceStoreError
 
     try:
-        return ReferenceStore(config.reference_store), []
+        store = ReferenceStore(config.reference_store, supervisor=supervisor, missing_ok=missing_ok)
+        return store, []
     except (ReferenceStoreError, OSError, ValueError) as exc:
         return None, [f"reference_store.path: {exc}"]
 

@@ -27,6 +27,13 @@ seconds: its mtime and size first, then (when they changed) a SHA-256 of its byt
 so a touched but unchanged file is not parsed again.  A file that fails to load
 keeps the previous version in service, and the error is logged once per broken
 version.  :meth:`ReferenceStore.reload` reloads on demand.
+
+**Status.**  The store is the ``reference_store`` component: ``ok`` while the file
+loads, ``recoverable_error`` while it is missing, unreadable or broken (the last good
+version, or none, stays in service), and ``ok`` again once a poll loads it.  With
+``missing_ok`` (as ``serve`` builds it) a file missing at startup is such a status,
+not a crash; a file that exists but does not parse is still a configuration error.
+The polling loop runs under the service's supervisor.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rapidfuzz import fuzz, process
 
 from ragtrace_collector.cases import id_text
+from ragtrace_collector.component import Component, Status, Supervisor
 from ragtrace_collector.units import Duration
 
 __all__ = [
@@ -426,25 +434,54 @@ class _Index:
 # --------------------------------------------------------------------- store
 
 
-class ReferenceStore:
+class ReferenceStore(Component):
     """Ground truth by input text, from a file, reloaded when the file changes.
 
     The constructor loads the file and raises :class:`ReferenceStoreError` when it
-    cannot: a broken reference file at startup is a configuration error.
+    cannot: a broken reference file at startup is a configuration error.  With
+    ``missing_ok``, a file that cannot be read (missing) starts the store empty, in
+    ``recoverable_error``, and polling loads it once it appears.
     """
 
-    def __init__(self, config: ReferenceStoreConfig) -> None:
+    component_name = "reference_store"
+
+    def __init__(
+        self,
+        config: ReferenceStoreConfig,
+        *,
+        supervisor: Supervisor | None = None,
+        missing_ok: bool = False,
+    ) -> None:
         self.config = config
         self._path = config.path
         self._lock = threading.Lock()
+        self._supervisor = supervisor if supervisor is not None else Supervisor()
         self._task: asyncio.Task[None] | None = None
         self._failed_digest: str | None = None
-        signature = self._stat()
-        data = self._read()
+        self._digest: str | None = None
+        self.version = 0
+        try:
+            signature = self._stat()
+            data = self._read()
+        except ReferenceStoreError as exc:
+            if not missing_ok:
+                raise
+            self._index = _Index(self._path, [], config)
+            self._signature = (0, -1)
+            self._failed_digest = self._digest_or_none()
+            self.report(Status.RECOVERABLE_ERROR, str(exc))
+            _log().error(
+                "reference_store.missing",
+                path=str(self._path),
+                error=str(exc),
+                detail="serving no ground truth until the file can be read",
+            )
+            return
         self._index = _Index(self._path, _parse(self._path, data, config.format), config)
         self._digest = hashlib.sha256(data).hexdigest()
         self._signature = signature
         self.version = 1
+        self.report(Status.OK)
 
     # ---------------------------------------------------------------- lookup
 
@@ -464,7 +501,13 @@ class ReferenceStore:
         when the file cannot be loaded; the store keeps serving the old version.
         """
         with self._lock:
-            return self._reload_locked(self._stat())
+            try:
+                changed = self._reload_locked(self._stat())
+            except ReferenceStoreError as exc:
+                self.report(Status.RECOVERABLE_ERROR, str(exc))
+                raise
+            self.report_ok()
+            return changed
 
     def _reload_locked(self, signature: tuple[int, int]) -> bool:
         data = self._read()
@@ -493,6 +536,7 @@ class ReferenceStore:
                     return False
                 changed = self._reload_locked(signature)
             except ReferenceStoreError as exc:
+                self.report(Status.RECOVERABLE_ERROR, str(exc))
                 digest = self._digest_or_none()
                 if digest != self._failed_digest:
                     _log().error(
@@ -506,6 +550,7 @@ class ReferenceStore:
                 with contextlib.suppress(ReferenceStoreError):
                     self._signature = self._stat()
                 return False
+            self.report_ok()
             if changed:
                 _log().info(
                     "reference_store.reloaded",
@@ -541,9 +586,9 @@ class ReferenceStore:
         interval is 0 or polling already runs)."""
         if self.config.reload_interval <= 0 or self._task is not None:
             return
-        self._task = asyncio.get_running_loop().create_task(
-            self._poll_forever(), name="reference-store-poll"
-        )
+        # poll() reports its own errors; anything else is the supervisor's to log,
+        # count and restart.
+        self._task = self._supervisor.spawn(self, self._poll_forever, name="reference-store-poll")
 
     async def _poll_forever(self) -> None:
         interval = self.config.reload_interval
@@ -561,3 +606,4 @@ class ReferenceStore:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.report(Status.STOPPED)

@@ -34,7 +34,7 @@ from ragtrace_collector.admin import AdminServer
 from ragtrace_collector.component import ComponentHost, Supervisor
 from ragtrace_collector.config import CollectorConfig, ConfigError, load_config
 from ragtrace_collector.exporters import Exporter, build_exporter
-from ragtrace_collector.logs import configure_logging, get_logger
+from ragtrace_collector.logs import configure_logging, get_logger, redact
 from ragtrace_collector.looplag import LoopLagMonitor
 from ragtrace_collector.pipeline import PassThroughProcessor, Pipeline, TraceProcessor
 from ragtrace_collector.ports import Endpoint, StartupError, bind_problem, port_problems
@@ -76,7 +76,8 @@ class CollectorService:
         #: The evaluation stage, unless a processor was given or evaluation is off.
         self.stage: EvaluationStage | None = None
         if processor is None and config.evaluation.enabled:
-            self.stage = build_stage(config, self.telemetry)
+            self.stage = build_stage(config, self.telemetry, supervisor=self.supervisor)
+            self.host.register_all(self.stage.components)
             processor = self.stage.processor
         elif config.alerts.rules:
             self._log.warning(
@@ -85,12 +86,14 @@ class CollectorService:
                 rules=[r.name for r in config.alerts.rules],
             )
         self.exporters: list[Exporter[Any]] = [
-            build_exporter(name, cfg, self.telemetry) for name, cfg in config.exporters.items()
+            build_exporter(name, cfg, self.telemetry, supervisor=self.supervisor)
+            for name, cfg in config.exporters.items()
         ]
         #: The write-ahead log, when ``storage.directory`` is set.
         self.storage = Storage(config.storage) if config.storage.directory is not None else None
         if self.storage is not None:
             self.host.register(self.storage)
+        self.host.register_all(self.exporters)
         self.pipeline = Pipeline(
             assembly=config.assembly,
             exporters=self.exporters,
@@ -136,7 +139,11 @@ class CollectorService:
         self.host.register(self.loop_monitor)
         self.admin = (
             AdminServer(
-                config.admin, telemetry=self.telemetry, ready=self._ready, healthy=self._healthy
+                config.admin,
+                telemetry=self.telemetry,
+                ready=self._ready,
+                healthy=self._healthy,
+                components=self.host.snapshot,
             )
             if config.admin.enabled
             else None
@@ -149,14 +156,20 @@ class CollectorService:
 
     # ---------------------------------------------------------------- probes
     def _ready(self) -> tuple[bool, str]:
+        """Readiness: can the process accept data now?"""
         if self._stopping:
             return False, "shutting down"
         if not self._listening:
             return False, "receivers not listening yet"
+        refused = self.pipeline.refusal()
+        if refused is not None:
+            return False, f"refusing data ({refused.reason}): {refused.message}"
         return True, "receivers listening"
 
     def _healthy(self) -> tuple[bool, str]:
-        return True, "serving"
+        """Liveness, from the components' statuses (``admin.unhealthy_after``)."""
+        report = self.host.health(recoverable_grace=self.config.admin.unhealthy_after)
+        return report.ok, report.reason
 
     @property
     def ready(self) -> bool:
@@ -216,6 +229,7 @@ class CollectorService:
             if self.storage is not None:
                 await self.storage.start()
             await self.pipeline.start()
+            self.host.register(self.pipeline.assembler)
             if self.stage is not None:
                 self.stage.start()
             await self.pipeline.replay()
@@ -269,6 +283,7 @@ class CollectorService:
             await self.stage.aclose()
         await self.loop_monitor.shutdown()
         await self.decoder.aclose()
+        await self.supervisor.stop(wait=1.0)
         if self.admin is not None:
             await self.admin.stop()
 
@@ -330,9 +345,9 @@ class CollectorService:
                 await self.storage.close()
             except Exception as exc:
                 self._log.debug("teardown_error", error=repr(exc))
-
         await self.loop_monitor.shutdown()
         await self.decoder.aclose()
+        await self.supervisor.stop(wait=1.0)
         if self.admin is not None:
             await self.admin.stop()
 
@@ -357,7 +372,7 @@ async def _serve(config: CollectorConfig, source: str) -> int:
         return 1
     except Exception as exc:  # settings that fail only when built
         log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
-        print(f"ragtrace-collector: cannot start: {exc}", file=sys.stderr)
+        print(redact(f"ragtrace-collector: cannot start: {exc}"), file=sys.stderr)
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -406,7 +421,12 @@ def serve_command(config_path: Path | None, overrides: Mapping[str, str] | None 
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 1
-    configure_logging(config.logging.level, config.logging.format, secrets=config.secrets())
+    configure_logging(
+        config.logging.level,
+        config.logging.format,
+        secrets=config.secrets(),
+        third_party_debug=config.logging.third_party_debug,
+    )
     try:
         source = str(config_path) if config_path is not None else "(defaults)"
         return asyncio.run(_serve(config, source))

@@ -26,18 +26,28 @@ quotient is the running conversation mean.  Pass ``turn_index`` to make it
 idempotent: a second score for the same turn replaces the first.
 
 "Idle" means "not written": reads neither refresh the expiry nor the LRU order.
+
+**Status.**  Each store is the ``session_store`` component.  The Redis store reports
+``recoverable_error`` when a call fails (Redis down, hung past ``socket_timeout``,
+refusing with an error reply, or answering what the store cannot read), and ``ok``
+again on the next call that works.  Every call is bounded by ``socket_timeout``
+as a whole, so a hung Redis cannot stall evaluation; a failed call raises
+:class:`SessionStoreError`, which the evaluator turns into an ``.error`` on the
+conversation metrics only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ragtrace_collector.component import Component, Status
 from ragtrace_collector.units import Duration
 
 if TYPE_CHECKING:
@@ -62,6 +72,8 @@ def _log() -> Any:
 
     return structlog.get_logger(__name__)
 
+
+_T = TypeVar("_T")
 
 DEFAULT_WINDOW_SIZE: Final = 10
 
@@ -125,7 +137,8 @@ class SessionStoreConfig(BaseModel):
     key_prefix: str = Field(
         "ragtrace:session:", description="`redis` backend only: prefix of every key."
     )
-    #: ``redis`` backend only: connect and command timeout, seconds.
+    #: ``redis`` backend only: bound on connecting and on each store call as a whole;
+    #: a hung Redis fails the call after this (conversation metrics get an error).
     socket_timeout: Duration = Field(default=5.0, gt=0.0)
 
     @field_validator("url")
@@ -217,8 +230,10 @@ class _Session:
     sums: dict[str, _Sums] = field(default_factory=dict)
 
 
-class MemorySessionStore:
+class MemorySessionStore(Component):
     """In-process sessions: LRU-bounded by ``max_sessions``, expired after ``ttl``."""
+
+    component_name = "session_store"
 
     def __init__(
         self,
@@ -234,6 +249,7 @@ class MemorySessionStore:
         self._clock = clock
         # least recently written first
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self.report(Status.OK)
 
     @property
     def max_turns(self) -> int:
@@ -333,8 +349,10 @@ return {total, redis.call('HGET', KEYS[1], ARGV[2])}
 """
 
 
-class RedisSessionStore:
+class RedisSessionStore(Component):
     """Sessions in Redis, shared by every replica (redis-py asyncio)."""
+
+    component_name = "session_store"
 
     def __init__(
         self,
@@ -347,6 +365,7 @@ class RedisSessionStore:
         self._ttl_ms = max(1, round(config.ttl * 1000))
         self._prefix = config.key_prefix
         self._url = config.url
+        self._timeout = config.socket_timeout
         from redis.asyncio import Redis
         from redis.exceptions import RedisError
 
@@ -362,6 +381,7 @@ class RedisSessionStore:
             )
         )
         self._add_for_turn = self._redis.register_script(_ADD_SCORE_FOR_TURN)
+        self.report(Status.OK)
 
     @property
     def max_turns(self) -> int:
@@ -371,8 +391,26 @@ class RedisSessionStore:
         base = f"{self._prefix}{session_id}"
         return f"{base}:turns", f"{base}:scores"
 
-    def _error(self, action: str, exc: Exception) -> SessionStoreError:
-        return SessionStoreError(f"session store (redis {self._url}): {action} failed: {exc}")
+    def _error(self, action: str, exc: BaseException) -> SessionStoreError:
+        if isinstance(exc, TimeoutError):
+            detail = f"no answer within {self._timeout:g}s"
+        else:
+            detail = f"{type(exc).__name__}: {exc}"
+        error = SessionStoreError(f"session store (redis {self._url}): {action} failed: {detail}")
+        self.report(Status.RECOVERABLE_ERROR, str(error))
+        return error
+
+    async def _call(self, action: str, make: Callable[[], Awaitable[_T]]) -> _T:
+        """Run one store operation, bounded by ``socket_timeout`` as a whole; any
+        failure (Redis error, timeout, an answer of the wrong shape) becomes
+        :class:`SessionStoreError` and a ``recoverable_error`` status."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                result = await make()
+        except (self._redis_error, TimeoutError, OSError, ValueError, TypeError) as exc:
+            raise self._error(action, exc) from None
+        self.report_ok()
+        return result
 
     def _decode(self, members: Sequence[Any]) -> list[SessionTurn]:
         turns: list[SessionTurn] = []
@@ -386,7 +424,8 @@ class RedisSessionStore:
     async def append_turn(self, session_id: str, turn: SessionTurn) -> list[SessionTurn]:
         turns_key, scores_key = self._keys(session_id)
         index = turn.turn_index
-        try:
+
+        async def run() -> list[Any]:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.zremrangebyscore(turns_key, index, index)
                 pipe.zadd(turns_key, {turn.model_dump_json(): index})
@@ -394,18 +433,18 @@ class RedisSessionStore:
                 pipe.pexpire(turns_key, self._ttl_ms)
                 pipe.pexpire(scores_key, self._ttl_ms)
                 pipe.zrange(turns_key, 0, -1)
-                results = await pipe.execute()
-        except self._redis_error as exc:
-            raise self._error("append_turn", exc)
-        return self._decode(results[-1])
+                results: list[Any] = await pipe.execute()
+            return _members(results[-1])
+
+        return self._decode(await self._call("append_turn", run))
 
     async def get_turns(self, session_id: str) -> list[SessionTurn]:
         turns_key, _ = self._keys(session_id)
-        try:
-            members = await self._redis.zrange(turns_key, 0, -1)
-        except self._redis_error as exc:
-            raise self._error("get_turns", exc)
-        return self._decode(members)
+
+        async def run() -> list[Any]:
+            return _members(await self._redis.zrange(turns_key, 0, -1))
+
+        return self._decode(await self._call("get_turns", run))
 
     async def add_window_score(
         self, session_id: str, metric: str, score: float, *, turn_index: int | None = None
@@ -413,7 +452,8 @@ class RedisSessionStore:
         score = _check_score(score)
         turns_key, scores_key = self._keys(session_id)
         sum_field, count_field = f"s:{metric}", f"n:{metric}"
-        try:
+
+        async def run() -> tuple[float, int]:
             if turn_index is not None:
                 total, count = await self._add_for_turn(
                     keys=[scores_key, turns_key],
@@ -432,25 +472,38 @@ class RedisSessionStore:
                     pipe.pexpire(scores_key, self._ttl_ms)
                     pipe.pexpire(turns_key, self._ttl_ms)
                     total, count, _, _ = await pipe.execute()
-        except self._redis_error as exc:
-            raise self._error("add_window_score", exc)
-        return float(total), int(count)
+            return _finite_sums(total, count)
+
+        return await self._call("add_window_score", run)
 
     async def get_window_scores(self, session_id: str, metric: str) -> tuple[float, int]:
         _, scores_key = self._keys(session_id)
-        try:
+
+        async def run() -> tuple[float, int]:
             total, count = await self._redis.hmget(scores_key, [f"s:{metric}", f"n:{metric}"])
-        except self._redis_error as exc:
-            raise self._error("get_window_scores", exc)
-        if total is None or count is None:
-            return 0.0, 0
-        return float(total), int(count)
+            if total is None or count is None:
+                return 0.0, 0
+            return _finite_sums(total, count)
+
+        return await self._call("get_window_scores", run)
 
     async def delete_session(self, session_id: str) -> None:
-        try:
-            await self._redis.delete(*self._keys(session_id))
-        except self._redis_error as exc:
-            raise self._error("delete_session", exc)
+        await self._call("delete_session", lambda: self._redis.delete(*self._keys(session_id)))
 
     async def aclose(self) -> None:
         await self._redis.aclose()
+        self.report(Status.STOPPED)
+
+
+def _members(value: Any) -> list[Any]:
+    if not isinstance(value, list | tuple):
+        raise TypeError(f"expected a list of turns, Redis answered {type(value).__name__}")
+    return list(value)
+
+
+def _finite_sums(total: Any, count: Any) -> tuple[float, int]:
+    """A running (sum, count) read back from Redis, checked: never NaN, never negative."""
+    value, n = float(total), int(count)
+    if value != value or value in (float("inf"), float("-inf")) or n < 0:
+        raise ValueError(f"unreadable window sums from Redis: {total!r}, {count!r}")
+    return value, n

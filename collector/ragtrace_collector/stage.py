@@ -4,6 +4,12 @@ evaluator and drop detector, with one lifecycle.
 ``serve`` builds it with :func:`build_stage`, passes :attr:`EvaluationStage.processor`
 to the pipeline as its trace processor, and calls :meth:`EvaluationStage.start` /
 :meth:`EvaluationStage.aclose` around the service's own lifecycle.
+
+Its components (:attr:`EvaluationStage.components`, registered by the service):
+``judge`` (``recoverable_error`` while judge calls fail or time out, ``ok`` on the
+next answer), ``session_store``, ``reference_store`` and one ``notifier:<name>`` per
+alert notifier.  The drop detector's loop and the reference store's polling run under
+the service's supervisor.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ragtrace_collector.alerts.detector import DropDetector
+from ragtrace_collector.component import Component, Status, Supervisor
 from ragtrace_collector.config import ConfigError
 from ragtrace_collector.evaluator import OnlineEvaluator
 from ragtrace_collector.judges.base import JudgeCallRecord
@@ -22,13 +29,32 @@ from ragtrace_collector.preflight import checked_metrics, load_reference_store, 
 from ragtrace_collector.reference_store import ReferenceStore
 from ragtrace_collector.results import MetricResult
 from ragtrace_collector.sampling import Sampler
-from ragtrace_collector.session_store import create_session_store
+from ragtrace_collector.session_store import SessionStore, create_session_store
 
 if TYPE_CHECKING:
     from ragtrace_collector.config import CollectorConfig
     from ragtrace_collector.telemetry import Telemetry
 
 __all__ = ["EvaluationStage", "build_stage"]
+
+
+class JudgeStatus(Component):
+    """The ``judge`` component, fed by the judge's ``on_call`` hook: an answered call
+    reports ``ok``, a failed or timed-out one ``recoverable_error``."""
+
+    component_name = "judge"
+
+    def __init__(self, model: str) -> None:
+        self._model = model
+        self.report(Status.OK)
+
+    def on_call(self, record: JudgeCallRecord) -> None:
+        if record.outcome in ("ok", "cached"):
+            self.report_ok()
+        elif record.outcome in ("error", "timeout"):
+            self.report(
+                Status.RECOVERABLE_ERROR, f"{self._model}: {record.task} call {record.outcome}"
+            )
 
 
 class EvaluationStage:
@@ -40,11 +66,23 @@ class EvaluationStage:
         *,
         detector: DropDetector | None,
         reference_store: ReferenceStore | None,
+        judge_status: JudgeStatus | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.evaluator = evaluator
         self.detector = detector
         self.reference_store = reference_store
+        self.judge_status = judge_status
+        self._supervisor = supervisor if supervisor is not None else Supervisor()
         self._detector_task: asyncio.Task[None] | None = None
+
+    @property
+    def components(self) -> list[Component]:
+        """Every component of the stage, for the service's host."""
+        parts: list[Any] = [self.judge_status, self.evaluator.sessions, self.reference_store]
+        if self.detector is not None:
+            parts += self.detector.notifiers
+        return [p for p in parts if isinstance(p, Component)]
 
     @property
     def processor(self) -> OnlineEvaluator:
@@ -56,7 +94,9 @@ class EvaluationStage:
         if self.reference_store is not None:
             self.reference_store.start()
         if self.detector is not None and self.detector.config.rules:
-            self._detector_task = asyncio.create_task(self.detector.run(), name="ragtrace-alerts")
+            self._detector_task = self._supervisor.spawn(
+                None, self.detector.run, name="alerts-detector"
+            )
 
     async def aclose(self) -> None:
         """After the pipeline drained: stop the loops and close the notifiers.
@@ -88,11 +128,15 @@ def _warn_about_alerts(config: CollectorConfig, log: Any) -> None:
         )
 
 
-def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStage:
+def build_stage(
+    config: CollectorConfig, telemetry: Telemetry, *, supervisor: Supervisor | None = None
+) -> EvaluationStage:
     """The evaluation stage ``config`` describes.  Raises :class:`ConfigError` with
     every problem of :func:`~ragtrace_collector.preflight.preflight_problems` (a
     missing API key variable, a broken reference file, an alert rule on a metric that
-    is not evaluated...), the checks ``check-config`` runs too."""
+    is not evaluated...), the checks ``check-config`` runs too.  A reference file that
+    does not exist yet is a ``reference_store`` status instead.  ``supervisor`` runs
+    the stage's background loops."""
     log = get_logger("evaluation")
     listeners: list[Any] = []
     on_call_hooks: list[Any] = []
@@ -103,7 +147,9 @@ def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStag
 
     # The checks check-config runs too (one function); the reference file is read once.
     problems = preflight_problems(config, reference_file=False)
-    reference_store, reference_problems = load_reference_store(config)
+    reference_store, reference_problems = load_reference_store(
+        config, supervisor=supervisor, missing_ok=True
+    )
     problems += reference_problems
     if problems:
         raise ConfigError(problems, "configuration")
@@ -113,7 +159,7 @@ def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStag
     except ValueError as exc:
         raise ValueError(f"judge: {exc}") from exc
     window = max((m.options.window_size for m in metrics if m.kind == "conversation"), default=10)
-    session_store = create_session_store(config.session_store, window_size=window)
+    session_store: SessionStore = create_session_store(config.session_store, window_size=window)
     detector: DropDetector | None = None
     _warn_about_alerts(config, log)
     if config.alerts.enabled and config.alerts.rules:
@@ -136,6 +182,8 @@ def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStag
         listeners=listeners,
     )
     on_call_hooks.append(evaluator.judge_listener())
+    judge_status = JudgeStatus(judge.model)
+    on_call_hooks.append(judge_status.on_call)
     log.info(
         "evaluation_configured",
         judge=judge.model,
@@ -146,4 +194,10 @@ def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStag
         reference_store=str(config.reference_store.path) if config.reference_store else None,
         session_store=config.session_store.backend,
     )
-    return EvaluationStage(evaluator, detector=detector, reference_store=reference_store)
+    return EvaluationStage(
+        evaluator,
+        detector=detector,
+        reference_store=reference_store,
+        judge_status=judge_status,
+        supervisor=supervisor,
+    )

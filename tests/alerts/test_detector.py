@@ -405,7 +405,10 @@ async def test_notifications_resends_failures_and_telemetry() -> None:
     assert all(e.status == "firing" for e in resend.events)
     assert sent("once", "ok") == 1
     assert sent("resend", "ok") == 5
-    assert sent("broken", "error") == 1  # a failure did not stop the others
+    # a failure did not stop the others; the transition-only notifier that failed got
+    # the firing event again at every later evaluation, each failure counted
+    assert sent("broken", "error") >= 12
+    assert broken.events == []
 
     broken.fail = False
     broken.resend_interval = 30
@@ -494,3 +497,28 @@ async def test_a_disabled_config_watches_nothing() -> None:
     det = detector([rule(**{"for": 0})], clock=clock, enabled=False)
     assert await drive(det, clock, BAD, seconds=120) == []
     assert det.status() == []
+
+
+async def test_a_transition_a_webhook_missed_is_sent_again_in_order() -> None:
+    clock = Clock()
+    telemetry = Telemetry()
+    down = RecordingNotifier(name="webhook", fail=True)
+    det = detector(
+        [rule(baseline=0.9, **{"for": 0})], clock=clock, notifiers=[down], telemetry=telemetry
+    )
+    await drive(det, clock, BAD, seconds=30)  # fires; the target is down
+    assert down.events == []
+    failures = telemetry.registry.get_sample_value(
+        "ragtrace_alert_notifications_total", {"notifier": "webhook", "outcome": "error"}
+    )
+    assert failures is not None
+    assert failures >= 2  # retried at each evaluation, counted
+    await drive(det, clock, GOOD, seconds=120)  # resolves while the target is still down
+    assert down.events == []
+    down.fail = False
+    await drive(det, clock, GOOD, seconds=10)
+    # Both transitions arrive, once each, in the order they happened.
+    assert [e.status for e in down.events] == ["firing", "resolved"]
+    await drive(det, clock, GOOD, seconds=30)
+    assert len(down.events) == 2
+    await det.aclose()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-
 import os
 import subprocess
 import sys
@@ -16,8 +15,6 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
-
 from typing import IO, Any, TypeVar
 
 import yaml
@@ -356,6 +353,7 @@ def serve_until_exit(config: Path, cwd: Path) -> subprocess.CompletedProcess[str
         cwd=cwd,
         stdin=subprocess.DEVNULL,
     )
+
 
 class ServeProcess:
     """``ragtrace-collector serve`` as a subprocess; ports come from its JSON logs.

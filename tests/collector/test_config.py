@@ -223,6 +223,7 @@ def test_check_config_command_line_and_the_shipped_docker_config(tmp_path: Path)
     # The reference file check-config reads (docker-compose mounts it in the container).
     golden = ROOT / "examples" / "support_bot" / "data" / "golden.jsonl"
     env["RAGTRACE_REFERENCE_FILE"] = str(golden)
+    env["RAGTRACE_BEARER_TOKEN"] = "token-the-compose-file-requires"
     done = subprocess.run(
         [str(COLLECTOR), "check-config", str(docker)],
         capture_output=True,

@@ -17,7 +17,14 @@ import pytest
 import structlog
 import yaml
 
-from ragtrace_collector.logs import REDACTED, Redactor, configure_logging, get_logger
+from ragtrace_collector.logs import (
+    REDACTED,
+    THIRD_PARTY_LOGGERS,
+    Redactor,
+    configure_logging,
+    get_logger,
+    url_secrets,
+)
 from tests.collector.harness import passthrough_sections
 from tests.collector.otlp_data import make_request, rag_trace
 
@@ -84,6 +91,68 @@ def captured_logs() -> Iterator[io.StringIO]:
         for handler in [h for h in root.handlers if getattr(h, "_ragtrace", False)]:
             root.removeHandler(handler)
         root.setLevel(level)
+        logging.captureWarnings(False)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "cannot reach https://ingest:Pa55word@otlp.example.com/v1/traces: refused",
+            f"cannot reach https://{REDACTED}@otlp.example.com/v1/traces: refused",
+        ),
+        ("redis://:s3cr3t@redis:6379/0 down", f"redis://{REDACTED}@redis:6379/0 down"),
+        ("rediss://tok3n12@cache/1", f"rediss://{REDACTED}@cache/1"),
+        (
+            "POST http://h/hook?api_key=K1&x=1&Token=T2;sig=S3#frag",
+            f"POST http://h/hook?api_key={REDACTED}&x=1&Token={REDACTED};sig={REDACTED}#frag",
+        ),
+        (
+            "GET /x?X-Amz-Signature=abc&password=p&client_secret=c&page=2",
+            f"GET /x?X-Amz-Signature={REDACTED}&password={REDACTED}"
+            f"&client_secret={REDACTED}&page=2",
+        ),
+        ("plain text, a=b and key words", "plain text, a=b and key words"),
+        ("https://example.com/path?q=1", "https://example.com/path?q=1"),
+    ],
+)
+def test_urls_in_any_string_lose_their_credentials(text: str, expected: str) -> None:
+    assert Redactor().scrub(text) == expected
+    # In an exception and nested in a structure too.
+    assert Redactor().scrub(RuntimeError(text)) == f"RuntimeError: {expected}"
+    assert Redactor().scrub({"errors": [text]}) == {"errors": [expected]}
+
+
+def test_url_secrets_registers_passwords_raw_and_decoded() -> None:
+    found = url_secrets("https://user:p%40ss-word@h/v1?apikey=KEY123456&q=1")
+    assert {"p%40ss-word", "p@ss-word", "KEY123456"} <= set(found)
+    assert "user" not in found  # with a password, the user name is not the secret
+    assert url_secrets("https://tokenonly123@h/") == ["tokenonly123", "tokenonly123"]
+    assert url_secrets(None) == []
+
+
+@pytest.mark.parametrize("opt_in", [False, True])
+def test_request_body_loggers_held_at_warning_unless_opted_in(
+    captured_logs: io.StringIO, opt_in: bool
+) -> None:
+    names = (*THIRD_PARTY_LOGGERS, "LiteLLM Router")
+    saved = {n: logging.getLogger(n).level for n in names}
+    try:
+        for name in names:
+            logging.getLogger(name).setLevel(logging.NOTSET)
+        configure_logging("debug", "json", stream=captured_logs, third_party_debug=opt_in)
+        logging.getLogger("httpx").debug("request body: user question")
+        logging.getLogger("openai._base_client").debug("Request options: {'messages': ...}")
+        logging.getLogger("LiteLLM").info("POST Request Sent from LiteLLM: messages")
+        logging.getLogger("httpx").warning("a warning always passes")
+        events = [json.loads(line)["event"] for line in captured_logs.getvalue().splitlines()]
+        bodies = [e for e in events if "request" in e.lower() or "messages" in e]
+        assert "a warning always passes" in events
+        assert bool(bodies) is opt_in
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+        configure_logging("info", "json", stream=captured_logs)
 
 
 def test_configured_logging_is_json_and_redacted(captured_logs: io.StringIO) -> None:

@@ -39,11 +39,12 @@ def environment(service: dict[str, Any]) -> dict[str, str]:
     return {str(k): "" if v is None else str(v) for k, v in env.items()}
 
 
-_COMPOSE_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
+_COMPOSE_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*)|:?\?[^}]*)?\}")
 
 
 def compose_default(value: str) -> str:
-    """``${VAR:-default}`` -> ``default`` (what compose substitutes with VAR unset)."""
+    """``${VAR:-default}`` -> ``default`` (what compose substitutes with VAR unset);
+    ``${VAR:?message}`` (required) -> ``""``."""
     return _COMPOSE_VAR.sub(lambda m: m.group(2) or "", value)
 
 
@@ -65,11 +66,17 @@ def bind_mounts(compose: Path, service: dict[str, Any]) -> list[Mount]:
 
 
 def published_ports(service: dict[str, Any]) -> dict[int, int]:
-    """container port -> host port."""
-    out: dict[int, int] = {}
+    """container port -> host port (``[ip:]host:container`` or ``container``)."""
+    return {container: host for _, host, container in port_bindings(service)}
+
+
+def port_bindings(service: dict[str, Any]) -> list[tuple[str | None, int, int]]:
+    """``(host ip or None for every interface, host port, container port)`` per entry."""
+    out: list[tuple[str | None, int, int]] = []
     for entry in service.get("ports") or []:
-        host, _, container = str(entry).rpartition(":")
-        out[int(container)] = int(host or container)
+        rest, _, container = str(entry).rpartition(":")
+        ip, _, host = rest.rpartition(":")
+        out.append((ip or None, int(host or container), int(container)))
     return out
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ragtrace_collector.config import load_config, split_host_port
+from ragtrace_collector.config import ConfigError, load_config, split_host_port
 from tests.docker._files import (
     COMPOSE,
     COMPOSE_FILES,
@@ -22,6 +22,7 @@ from tests.docker._files import (
     environment,
     host_port,
     load_yaml,
+    port_bindings,
     published_ports,
     services,
 )
@@ -84,6 +85,7 @@ def test_main_stack_ports_line_up() -> None:
     config_path = collector["command"][collector["command"].index("--config") + 1]
     assert mounts[config_path].host == DOCKER / "collector.yaml"
     env = {k: compose_default(v) for k, v in environment(collector).items()}
+    env["RAGTRACE_BEARER_TOKEN"] = "a-token-from-the-environment"
     config = load_config(DOCKER / "collector.yaml", env=env)
     grpc_port = split_host_port(config.receivers.grpc.endpoint)[1]
     http_port = split_host_port(config.receivers.http.endpoint)[1]
@@ -191,3 +193,22 @@ def test_grafana_provisioning_points_at_the_mounted_dashboards_and_prometheus() 
     for datasource in prometheus:
         assert host_port(datasource["url"]) == ("prometheus", 9090)
     assert 9090 in published_ports(svc["prometheus"])
+
+
+def test_main_stack_publishes_on_loopback_only_and_requires_a_bearer_token() -> None:
+    svc = services(COMPOSE)
+    for name, service in svc.items():
+        for ip, host, container in port_bindings(service):
+            assert ip == "127.0.0.1", f"{name}: port {host}:{container} is published on {ip}"
+    collector = svc["collector"]
+    token_ref = environment(collector)["RAGTRACE_BEARER_TOKEN"]
+    assert token_ref.startswith("${RAGTRACE_BEARER_TOKEN:?"), "the token must be required"
+    # Without the variable the collector refuses to start (no silent open receivers).
+    with pytest.raises(ConfigError, match="RAGTRACE_BEARER_TOKEN"):
+        load_config(DOCKER / "collector.yaml", env={})
+    config = load_config(DOCKER / "collector.yaml", env={"RAGTRACE_BEARER_TOKEN": "s3cret-t0ken"})
+    tokens = [t.get_secret_value() for t in config.receivers.auth.bearer_tokens]
+    assert tokens == ["s3cret-t0ken"]
+    # The app sends the same token.
+    headers = environment(svc["app"])["OTEL_EXPORTER_OTLP_HEADERS"]
+    assert headers.startswith("Authorization=Bearer%20${RAGTRACE_BEARER_TOKEN:?")

@@ -30,13 +30,20 @@ SCALE_OUT = DOCKER / "scale-out" / "collector.yaml"
 GOLDEN = str(DOCKER.parent / "examples" / "support_bot" / "data" / "golden.jsonl")
 
 
+#: The single-collector example requires a bearer token from the environment (compose
+#: refuses to start without RAGTRACE_BEARER_TOKEN): these checks supply one.
+_TOKEN = {"RAGTRACE_BEARER_TOKEN": "example-token-from-the-environment"}
+
+
 def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAGTRACE_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAGTRACE_"))}
+    return {**env, **_TOKEN}
 
 
 def _load(path: Path, compose: Path, service: str, **extra: str) -> CollectorConfig:
     env = {k: compose_default(v) for k, v in environment(services(compose)[service]).items()}
-    return load_config(path, env={**env, **extra})
+    required = {k: v for k, v in _TOKEN.items() if k in env and not env[k]}
+    return load_config(path, env={**env, **required, **extra})
 
 
 @pytest.mark.parametrize("path", [SINGLE, SCALE_OUT], ids=["single", "scale-out"])

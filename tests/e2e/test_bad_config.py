@@ -13,6 +13,9 @@ import yaml
 
 from tests.e2e._support import COLLECTOR
 
+#: A reference file that exists but does not parse (a missing one is only a status).
+_BROKEN_REFS = Path(__file__).with_name("broken_refs.jsonl")
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -30,10 +33,10 @@ def _free_port() -> int:
         ({"metrics": {"id_context_recall": {"treshold": 0.7}}}, ["metrics.id_context_recall"]),
         ({"evaluation": {"queue_sise": 10}}, ["evaluation.queue_sise", "queue_size"]),
         ({"evaluation": {"metric_defaults": {"treshold": 0.7}}}, ["evaluation.metric_defaults"]),
-        ({"reference_store": {"path": "missing/refs.jsonl"}}, ["reference_store.path", "refs"]),
+        ({"reference_store": {"path": str(_BROKEN_REFS)}}, ["reference_store.path", "refs"]),
         ({"judge": {"model": "openai/gpt-4o-mini", "api_key_env": "E2E_NO_SUCH_KEY"}}, ["judge"]),
     ],
-    ids=["unknown-metric", "metric-option", "evaluation-typo", "defaults-typo", "no-refs", "key"],
+    ids=["unknown-metric", "metric-option", "evaluation-typo", "defaults-typo", "bad-refs", "key"],
 )
 def test_bad_evaluation_config_exits_nonzero_before_listening(
     tmp_path: Path, sections: dict[str, Any], names: list[str]

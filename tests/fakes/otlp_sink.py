@@ -9,7 +9,12 @@ OTel SDK's blocking exporters) can use it directly.  It can be scripted to misbe
   (clients see "connection refused"), then listen again on the same ports;
 * ``delay``: seconds to wait before answering each call (a slow backend);
 * ``hold``: a ``threading.Event``; each call waits until it is set (a backend that
-  hangs), and ``holding`` is set once a call is waiting.
+  hangs), and ``holding`` is set once a call is waiting;
+* ``answer_next(n, ...)`` (HTTP): answer the next ``n`` calls with what a broken
+  backend sends: any status and body (``partial_success`` out of range, garbage), bytes
+  that are not HTTP at all, or a connection closed without an answer; the spans are
+  recorded only when ``record`` says the backend kept them.  ``stop_answering()``
+  clears the script.
 
 Spans of a call answered with a scripted failure are not recorded, only counted
 (``refused_span_count``).
@@ -28,7 +33,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from aiohttp import web
@@ -42,7 +47,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-__all__ = ["OtlpSink", "ReceivedSpan", "attributes_of"]
+__all__ = ["OtlpSink", "ReceivedSpan", "attributes_of", "partial_success"]
 
 _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
@@ -84,6 +89,17 @@ class ReceivedSpan:
 
 
 @dataclass
+class _Answer:
+    remaining: int
+    status: int
+    body: bytes
+    content_type: str
+    record: bool
+    raw: bytes | None  # written to the socket instead of an HTTP response
+    close: bool  # close the connection without an answer
+
+
+@dataclass
 class _Failure:
     remaining: int
     http_status: int
@@ -114,6 +130,8 @@ class OtlpSink:
         self.paths: list[str] = []
         self._failures: list[_Failure] = []
         self.failures_served = 0
+        self._answers: list[_Answer] = []
+        self.answers_served = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._grpc_server: grpc.aio.Server | None = None
@@ -229,15 +247,35 @@ class OtlpSink:
         with self._lock:
             self._failures.append(_Failure(count, http_status, grpc_code, retry_after, message))
 
+    def answer_next(
+        self,
+        count: int,
+        *,
+        status: int = 200,
+        body: bytes = b"",
+        content_type: str = "application/x-protobuf",
+        record: bool = True,
+        raw: bytes | None = None,
+        close: bool = False,
+    ) -> None:
+        """Script the next ``count`` HTTP answers (see the module docstring)."""
+        with self._lock:
+            self._answers.append(_Answer(count, status, body, content_type, record, raw, close))
+
+    def stop_answering(self) -> None:
+        with self._lock:
+            self._answers.clear()
+
+    def _next_answer(self) -> _Answer | None:
+        with self._lock:
+            answer = _take_scripted(self._answers)
+            self.answers_served += answer is not None
+            return answer
+
     def _next_failure(self) -> _Failure | None:
         with self._lock:
-            while self._failures and self._failures[0].remaining <= 0:
-                self._failures.pop(0)
-            if not self._failures:
-                return None
-            failure = self._failures[0]
-            failure.remaining -= 1
-            self.failures_served += 1
+            failure = _take_scripted(self._failures)
+            self.failures_served += failure is not None
             return failure
 
     def _record(self, request: ExportTraceServiceRequest, via: str) -> None:
@@ -373,6 +411,9 @@ class OtlpSink:
                 headers=headers,
             )
         body = _http_body(await request.read(), request)
+        scripted = self._next_answer()
+        if scripted is not None:
+            return await self._scripted(request, body, scripted)
         if request.content_type != "application/x-protobuf":
             return web.Response(status=415, text="sink: protobuf only")
         export = ExportTraceServiceRequest()
@@ -385,6 +426,46 @@ class OtlpSink:
             body=ExportTraceServiceResponse().SerializeToString(),
             content_type="application/x-protobuf",
         )
+
+    async def _scripted(self, request: web.Request, body: bytes, answer: _Answer) -> web.Response:
+        if answer.record:
+            export = ExportTraceServiceRequest()
+            export.ParseFromString(body)
+            self._record(export, "http")
+        else:
+            self._refuse(body)
+        transport = request.transport
+        if (answer.raw is not None or answer.close) and transport is not None:
+            if answer.raw is not None:
+                transport.write(answer.raw)
+            transport.close()
+            # The connection is gone; aiohttp's attempt to answer fails quietly.
+            raise asyncio.CancelledError
+        return web.Response(
+            status=answer.status, body=answer.body, content_type=answer.content_type
+        )
+
+
+_Scripted = TypeVar("_Scripted", _Answer, _Failure)
+
+
+def _take_scripted(script: list[_Scripted]) -> _Scripted | None:
+    """The next scripted entry with uses left (one use taken), or None."""
+    while script and script[0].remaining <= 0:
+        script.pop(0)
+    if not script:
+        return None
+    script[0].remaining -= 1
+    return script[0]
+
+
+def partial_success(rejected_spans: int, message: str = "") -> bytes:
+    """An encoded ``ExportTraceServiceResponse`` with a partial success (any value)."""
+    response = ExportTraceServiceResponse()
+    response.partial_success.rejected_spans = rejected_spans
+    response.partial_success.error_message = message
+    encoded: bytes = response.SerializeToString()
+    return encoded
 
 
 def _http_body(body: bytes, request: web.Request) -> bytes:

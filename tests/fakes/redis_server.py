@@ -86,27 +86,37 @@ class RedisServer:
         # The port is free when probed but may be taken before redis binds it: retry.
         for _ in range(_ATTEMPTS):
             self.port = _free_port()
-            args = [self.executable, "--port", str(self.port), "--bind", "127.0.0.1"]
-            args += ["--save", "", "--appendonly", "no", "--dir", self._dir.name]
-            args += ["--logfile", str(self.log_path), "--daemonize", "no"]
-            args += ["--protected-mode", "yes"]
-            self._proc = subprocess.Popen(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
-            )
-            deadline = time.monotonic() + _START_TIMEOUT
-            while time.monotonic() < deadline and self._proc.poll() is None:
-                if _ping(self.port, timeout=1.0):
-                    return
-                time.sleep(0.02)
+            if self._launch():
+                return
             errors.append(self._read_log())
             self._kill()
         self.stop()
         raise RuntimeError(
             f"redis-server did not start after {_ATTEMPTS} attempts:\n" + "\n".join(errors)
+        )
+
+    def _launch(self) -> bool:
+        """Start redis-server on ``self.port``; True once it answers PING."""
+        self._proc = proc = self._spawn()
+        deadline = time.monotonic() + _START_TIMEOUT
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _ping(self.port, timeout=1.0):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        assert self._dir is not None
+        args = [self.executable, "--port", str(self.port), "--bind", "127.0.0.1"]
+        args += ["--save", "", "--appendonly", "no", "--dir", self._dir.name]
+        args += ["--logfile", str(self.log_path), "--daemonize", "no"]
+        args += ["--protected-mode", "yes"]
+        return subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
 
     def _read_log(self) -> str:
@@ -125,6 +135,30 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(_STOP_TIMEOUT)
+
+    def crash(self) -> None:
+        """SIGKILL the server (its data is gone: it never saves); the port stays ours
+        for :meth:`restart`."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(_STOP_TIMEOUT)
+
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its connections but answers nothing (hung)."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGCONT)
+
+    def restart(self) -> None:
+        """Start again on the same port after :meth:`crash`."""
+        assert self._dir is not None, "never started"
+        if self._launch():
+            return
+        raise RuntimeError(f"redis-server did not restart:\n{self._read_log()}")
 
     def stop(self) -> None:
         self._kill()

@@ -12,12 +12,14 @@ import pytest
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
+from ragtrace_collector.component import ComponentHost, Status, Supervisor
 from ragtrace_collector.reference_store import (
     ReferenceStore,
     ReferenceStoreConfig,
     ReferenceStoreError,
     normalize_input,
 )
+from ragtrace_collector.telemetry import Telemetry
 
 ROWS: list[dict[str, Any]] = [
     {
@@ -412,3 +414,45 @@ def test_integral_float_ids_are_their_integer(tmp_path: Path) -> None:
     entry = _store(path).lookup("q")
     assert entry is not None
     assert entry.reference_context_ids == ("3", "4.5", "5", "6")
+
+
+def _status_of(store: ReferenceStore) -> Status:
+    return store.status  # read afresh each time (no narrowing across awaits)
+
+
+async def test_a_missing_file_is_a_status_and_loads_when_it_appears(tmp_path: Path) -> None:
+    telemetry = Telemetry()
+    host = ComponentHost(telemetry)
+    path = tmp_path / "later" / "refs.jsonl"
+    store = ReferenceStore(
+        ReferenceStoreConfig(path=path, reload_interval=0.05),
+        supervisor=Supervisor(host),
+        missing_ok=True,
+    )
+    host.register(store)
+    assert _status_of(store) is Status.RECOVERABLE_ERROR
+    assert "cannot read" in (store.last_error or "")
+    assert store.lookup("who wrote hamlet") is None
+    assert len(store) == 0
+    store.start()
+    try:
+        # A broken file is still an error status, with the old (empty) index served.
+        path.parent.mkdir()
+        path.write_text("- not json\n", encoding="utf-8")
+        await _wait_for(lambda: "refs.jsonl:1" in (store.last_error or ""))
+        assert _status_of(store) is Status.RECOVERABLE_ERROR
+        _write_jsonl(path, ROWS)
+        _bump_mtime(path, 3)
+        await _wait_for(lambda: _status_of(store) is Status.OK)
+        assert store.lookup("who wrote hamlet") is not None
+        gauge = telemetry.registry.get_sample_value(
+            "ragtrace_component_status", {"component": "reference_store", "status": "ok"}
+        )
+        assert gauge == 1
+        # Deleted again: a status, the loaded version keeps serving.
+        path.unlink()
+        await _wait_for(lambda: _status_of(store) is Status.RECOVERABLE_ERROR)
+        assert store.lookup("who wrote hamlet") is not None
+    finally:
+        await store.aclose()
+    assert _status_of(store) is Status.STOPPED

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -54,6 +55,7 @@ __all__ = [
     "LogNotifierConfig",
     "TrailingBaseline",
     "WebhookConfig",
+    "check_one_auth_source",
     "format_duration",
     "parse_duration",
 ]
@@ -284,6 +286,22 @@ class _Retrying(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"not an http(s) URL: {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _one_auth_source(self) -> _Retrying:
+        check_one_auth_source(self.url, self.headers)
+        return self
+
+
+def check_one_auth_source(url: str, headers: Mapping[str, str]) -> None:
+    """Credentials in the URL (``https://user:pass@host``) and an ``Authorization``
+    header cannot both be sent: refuse the combination when the config is read rather
+    than fail every request."""
+    if urlsplit(url).username is not None and any(k.lower() == "authorization" for k in headers):
+        raise ValueError(
+            "credentials in the URL and an Authorization header cannot be used together; "
+            "keep one of them"
+        )
 
 
 class WebhookConfig(_Retrying):

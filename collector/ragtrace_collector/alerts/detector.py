@@ -50,6 +50,14 @@ labels merge in Alertmanager (add a ``replica`` label to the Alertmanager notifi
 keep them apart).  The Prometheus rules shipped in ``docker/`` aggregate
 ``ragtrace_eval_score`` over all replicas and are the global view.
 
+**Notifier outages.** Each notifier retries a post itself (``max_attempts``).  When
+every attempt failed, the failure is counted
+(``ragtrace_alert_notifications{outcome="error"}``), the notifier's status goes to
+``recoverable_error``, and a transition-only notifier (webhook) gets the event again,
+in order, at the next evaluations (at most ``_MAX_UNSENT`` kept per notifier);
+Alertmanager gets the firing alert at its next resend anyway.  Nothing else waits on a
+notifier: scoring, export and the other notifiers go on.
+
 Thread safety: ``observe`` and ``evaluate`` share a lock, so ``observe`` may be called
 from any thread; notifications are sent from the event loop running ``evaluate``.
 """
@@ -61,6 +69,7 @@ import heapq
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -71,6 +80,7 @@ from ragtrace_collector.alerts.config import AlertsConfig, DropRule, TrailingBas
 from ragtrace_collector.alerts.events import AlertEvent
 from ragtrace_collector.alerts.notifiers import Notifier, build_notifiers
 from ragtrace_collector.alerts.stats import Summary, TestResult, one_sample_less, welch_less
+from ragtrace_collector.component import Component, Status
 from ragtrace_collector.telemetry import Telemetry
 
 __all__ = ["DropDetector", "RuleStatus"]
@@ -80,6 +90,8 @@ _log = structlog.get_logger("ragtrace.alerts")
 _FINE_PER_WINDOW = 20
 _COARSE_PER_BASELINE = 96
 _EPS = 1e-12
+#: Transitions kept per notifier while its target is down (the oldest go first).
+_MAX_UNSENT = 100
 
 Phase = Literal["inactive", "pending", "firing"]
 
@@ -185,6 +197,8 @@ class DropDetector:
         self._lock = threading.Lock()
         self._seq = 0
         self._closed = False
+        #: notifier name -> transitions it failed to deliver, sent again in order.
+        self._unsent: dict[str, deque[AlertEvent]] = {}
         self._rules = [_RuleRuntime(rule) for rule in (config.rules if config.enabled else [])]
         self._by_metric: dict[str, list[_RuleRuntime]] = {}
         for runtime in self._rules:
@@ -454,16 +468,59 @@ class DropDetector:
                     self._telemetry.alert_firing.labels(
                         rule=runtime.rule.name, metric=runtime.rule.metric
                     ).set(firing_count)
+        await self._send_unsent(when)
+        # Behind a notifier's unsent backlog, new transitions wait their turn (in order).
+        ready: list[tuple[Notifier, AlertEvent, _Series | None]] = []
+        for send in sends:
+            backlog = self._unsent.get(send[0].name)
+            if backlog and send[0].resend_interval is None:
+                self._queue_unsent(send[0], send[1])
+            else:
+                ready.append(send)
+        sends = ready
         if sends:
             await asyncio.gather(*(self._send(n, e, s, when) for n, e, s in sends))
         return transitions
 
+    def _queue_unsent(self, notifier: Notifier, event: AlertEvent) -> None:
+        queue = self._unsent.setdefault(notifier.name, deque(maxlen=_MAX_UNSENT))
+        if len(queue) == queue.maxlen:
+            lost = queue[0]
+            _log.error(
+                "alert_notification_dropped",
+                notifier=notifier.name,
+                rule=lost.rule,
+                service=lost.service,
+                status=lost.status,
+                detail=f"more than {_MAX_UNSENT} notifications waiting for a target that is down",
+            )
+        queue.append(event)
+
+    async def _send_unsent(self, when: float) -> None:
+        """Send again, in order, the transitions a notifier failed to deliver."""
+        for notifier in self._notifiers:
+            queue = self._unsent.get(notifier.name)
+            if queue and notifier.resend_interval is not None:
+                queue.clear()  # it now re-sends firing alerts by itself
+            while queue:
+                event = queue.popleft()
+                before = len(queue)
+                await self._send(notifier, event, None, when)
+                if len(queue) > before:  # failed again (re-queued at the back): stop
+                    queue.rotate(1)  # keep the order: the event goes back to the front
+                    break
+
     async def _send(
-        self, notifier: Notifier, event: AlertEvent, series: _Series | None, when: float
+        self,
+        notifier: Notifier,
+        event: AlertEvent,
+        series: _Series | None,
+        when: float,
     ) -> None:
         try:
             await notifier.notify(event)
         except Exception as exc:
+            will_retry = notifier.resend_interval is None
             _log.warning(
                 "alert_notification_failed",
                 notifier=notifier.name,
@@ -471,10 +528,18 @@ class DropDetector:
                 service=event.service,
                 status=event.status,
                 error=str(exc),
+                retry_at_next_evaluation=will_retry,
             )
             outcome = "error"
+            if isinstance(notifier, Component):
+                notifier.report(Status.RECOVERABLE_ERROR, str(exc))
+            if will_retry:
+                # A transition-only notifier would never hear of this alert again.
+                self._queue_unsent(notifier, event)
         else:
             outcome = "ok"
+            if isinstance(notifier, Component):
+                notifier.report_ok()
             if series is not None:
                 with self._lock:
                     if series.phase == "firing":

@@ -7,7 +7,11 @@ outcomes and never lets a failing notifier stop the others.
 
 A notifier with a ``resend_interval`` (Alertmanager) is sent the still-firing alert
 again at that period; the others hear of each alert only when it fires and when it
-resolves.
+resolves, and the detector sends such a transition again at its next evaluations when
+every retry failed (see :class:`~ragtrace_collector.alerts.detector.DropDetector`).
+
+Each notifier is a component (``notifier:<name>``): ``recoverable_error`` while its
+target cannot be reached, ``ok`` after the next delivery.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ragtrace_collector.alerts.config import (
     WebhookConfig,
 )
 from ragtrace_collector.alerts.events import AlertEvent, iso8601
+from ragtrace_collector.component import Component, Status
 
 __all__ = [
     "AlertmanagerNotifier",
@@ -148,7 +153,7 @@ def _retry_after(value: str | None) -> float | None:
     return seconds if seconds >= 0 else None
 
 
-class WebhookNotifier:
+class WebhookNotifier(Component):
     """A JSON POST per firing and per resolved alert.
 
     Body: ``{"version": "1", "source": "ragtrace-collector", **AlertEvent.to_dict()}``
@@ -164,6 +169,8 @@ class WebhookNotifier:
     ) -> None:
         self._config = config
         self._poster = _JsonPoster("webhook", config, sleep)
+        self.component_name = "notifier:webhook"
+        self.report(Status.OK)
 
     @property
     def name(self) -> str:
@@ -184,7 +191,7 @@ class WebhookNotifier:
         await self._poster.aclose()
 
 
-class AlertmanagerNotifier:
+class AlertmanagerNotifier(Component):
     """Posts to the Alertmanager v2 API (``POST /api/v2/alerts``).
 
     Labels: ``alertname``, ``rule``, ``metric``, ``service``, ``severity``, plus the
@@ -201,6 +208,8 @@ class AlertmanagerNotifier:
         self._config = config
         self._poster = _JsonPoster("alertmanager", config, sleep)
         self._url = config.url.rstrip("/") + "/api/v2/alerts"
+        self.component_name = "notifier:alertmanager"
+        self.report(Status.OK)
 
     @property
     def name(self) -> str:
@@ -256,11 +265,13 @@ class AlertmanagerNotifier:
         await self._poster.aclose()
 
 
-class LogNotifier:
+class LogNotifier(Component):
     """One structlog line per firing (warning) and resolved (info) alert."""
 
     def __init__(self, logger: Any = None) -> None:
         self._logger = logger if logger is not None else _log
+        self.component_name = "notifier:log"
+        self.report(Status.OK)
 
     @property
     def name(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ragtrace_collector.component import Supervisor
 from ragtrace_collector.config import (
     ExporterConfig,
     FileExporterConfig,
@@ -14,18 +15,25 @@ from ragtrace_collector.telemetry import Telemetry
 __all__ = ["ExportError", "Exporter", "build_exporter"]
 
 
-def build_exporter(name: str, config: ExporterConfig, telemetry: Telemetry) -> Exporter[object]:
-    """The exporter for one ``exporters.<name>`` config section."""
+def build_exporter(
+    name: str,
+    config: ExporterConfig,
+    telemetry: Telemetry,
+    *,
+    supervisor: Supervisor | None = None,
+) -> Exporter[object]:
+    """The exporter for one ``exporters.<name>`` config section; ``supervisor`` runs
+    its workers."""
     if isinstance(config, OtlpHttpExporterConfig):
         from ragtrace_collector.exporters.otlp_http import OtlpHttpExporter
 
-        return OtlpHttpExporter(name, config, telemetry)  # type: ignore[return-value]
+        return OtlpHttpExporter(name, config, telemetry, supervisor=supervisor)  # type: ignore[return-value]
     if isinstance(config, OtlpGrpcExporterConfig):
         from ragtrace_collector.exporters.otlp_grpc import OtlpGrpcExporter
 
-        return OtlpGrpcExporter(name, config, telemetry)  # type: ignore[return-value]
+        return OtlpGrpcExporter(name, config, telemetry, supervisor=supervisor)  # type: ignore[return-value]
     if isinstance(config, FileExporterConfig):
         from ragtrace_collector.exporters.file import FileExporter
 
-        return FileExporter(name, config, telemetry)  # type: ignore[return-value]
+        return FileExporter(name, config, telemetry, supervisor=supervisor)  # type: ignore[return-value]
     raise TypeError(f"unknown exporter config {type(config).__name__}")

@@ -21,6 +21,16 @@ the deadline and counts the rest as dropped (``reason="shutdown_deadline"``).
 non-retryable answer, or spans the backend refused in a partial success),
 ``retry_timeout`` (``retry.max_elapsed_time``), ``shutdown_deadline``,
 ``encode_error`` and ``closed`` (both bugs, never expected).
+
+**Status and supervision.**  Each exporter is a component (``exporter:<name>``): ``ok``
+after a delivery, ``recoverable_error`` while the backend fails (retryable or not), and
+back to ``ok`` on the next delivery.  Its workers run under the service's
+:class:`~ragtrace_collector.component.Supervisor`.  The backend's answers are untrusted:
+a ``partial_success`` whose ``rejected_spans`` is negative or larger than the batch is
+clamped (and logged), an answer that does not decode is logged, and an unexpected
+exception in a worker puts the batch it held back at the front of the queue before the
+supervisor logs it, counts it and restarts the worker: no answer can stop delivery and
+no batch is lost.
 """
 
 from __future__ import annotations
@@ -29,21 +39,25 @@ import abc
 import asyncio
 import contextlib
 import random
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+from ragtrace_collector.component import Component, Status, Supervisor
 from ragtrace_collector.config import ExporterConfig, RetryConfig
 from ragtrace_collector.logs import get_logger
-from ragtrace_collector.otlp import SpanGroup
+from ragtrace_collector.otlp import ExportTraceServiceResponse, SpanGroup
 from ragtrace_collector.telemetry import Telemetry
 
-__all__ = ["ExportError", "Exporter", "backoff_delays"]
+__all__ = ["ExportError", "Exporter", "UndecodableAnswer", "backoff_delays", "rejected_in_answer"]
 
 _Payload = TypeVar("_Payload")
 
 #: A server may ask for a long pause; never sleep longer than this in one go.
 _MAX_SERVER_DELAY = 300.0
+#: One kind of odd backend answer is logged at most once per this many seconds.
+_ODD_ANSWER_LOG_INTERVAL = 10.0
 
 
 class ExportError(Exception):
@@ -53,6 +67,26 @@ class ExportError(Exception):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
+
+
+class UndecodableAnswer(ValueError):
+    """A backend's answer body is not what the protocol says it should be."""
+
+
+def rejected_in_answer(answer: bytes) -> int:
+    """``partial_success.rejected_spans`` of an encoded ``ExportTraceServiceResponse``
+    (0 for an empty answer).  Raises :class:`UndecodableAnswer`.  The value is the
+    backend's word, not checked here: the exporter clamps it to the batch."""
+    if not answer:
+        return 0
+    response = ExportTraceServiceResponse()
+    try:
+        response.ParseFromString(answer)
+    except Exception as exc:  # DecodeError, or anything the parser raises on garbage
+        raise UndecodableAnswer(
+            f"not an ExportTraceServiceResponse ({len(answer)} bytes: {exc})"
+        ) from None
+    return int(response.partial_success.rejected_spans)
 
 
 def backoff_delays(config: RetryConfig, rng: random.Random | None = None) -> Iterator[float]:
@@ -73,16 +107,27 @@ class _Batch:
         self.spans = spans
 
 
-class Exporter(abc.ABC, Generic[_Payload]):
+class Exporter(Component, abc.ABC, Generic[_Payload]):
     """Queue + workers + retry loop; subclasses encode and send one batch."""
 
     #: The ``type`` of the config section, e.g. ``"otlp_http"``.
     kind: str = ""
 
-    def __init__(self, name: str, config: ExporterConfig, telemetry: Telemetry) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: ExporterConfig,
+        telemetry: Telemetry,
+        *,
+        supervisor: Supervisor | None = None,
+    ) -> None:
         """``config`` is the exporter's ``exporters.<name>`` section: its queue, retry,
-        ``max_batch_spans`` and ``concurrency`` settings drive this machinery."""
+        ``max_batch_spans`` and ``concurrency`` settings drive this machinery.
+        ``supervisor`` runs the workers (a private one when None)."""
         self.name = name
+        self.component_name = f"exporter:{name}"
+        self._supervisor = supervisor if supervisor is not None else Supervisor()
+        self._odd_answers: dict[str, tuple[float, int]] = {}
         self._max_spans = config.queue.max_spans
         self._drop_oldest = config.queue.on_full == "drop_oldest"
         self._max_batch = config.max_batch_spans
@@ -156,11 +201,17 @@ class Exporter(abc.ABC, Generic[_Payload]):
 
     # -------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        await self._open()
+        self.report(Status.STARTING)
+        try:
+            await self._open()
+        except Exception as exc:
+            self.report(Status.PERMANENT_ERROR, exc)
+            raise
         self._workers = [
-            asyncio.create_task(self._work(), name=f"exporter-{self.name}-{i}")
+            self._supervisor.spawn(self, self._work, name=f"exporter-{self.name}-{i}")
             for i in range(self._concurrency)
         ]
+        self.report(Status.OK)
 
     async def close(self, deadline: float) -> int:
         """Deliver what is queued until ``deadline`` (loop time); drop and count the rest.
@@ -170,6 +221,7 @@ class Exporter(abc.ABC, Generic[_Payload]):
         loop = asyncio.get_running_loop()
         self._closing = True
         self._deadline = deadline
+        self.report(Status.STOPPING)
         self._nonempty.set()  # wake idle workers so they can notice the end
         dropped = 0
         if self.depth:
@@ -194,6 +246,7 @@ class Exporter(abc.ABC, Generic[_Payload]):
         self._depth_gauge.set(0)
         self._closed = True
         await self._close_client()
+        self.report(Status.STOPPED)
         return dropped
 
     # ---------------------------------------------------------------- workers
@@ -229,6 +282,11 @@ class Exporter(abc.ABC, Generic[_Payload]):
             except asyncio.CancelledError:
                 self._abandoned_spans += count
                 raise
+            except Exception:
+                # A bug or an answer nothing expected: the batch goes back to the front
+                # of the queue, and the supervisor logs, counts and restarts this worker.
+                self._requeue(taken, count)
+                raise
             finally:
                 for b in taken:
                     self._inflight.discard(b)
@@ -236,6 +294,12 @@ class Exporter(abc.ABC, Generic[_Payload]):
                 self._depth_gauge.set(self.depth)
                 if not self._queue and not self._inflight:
                     self._idle.set()
+
+    def _requeue(self, taken: list[_Batch], count: int) -> None:
+        for b in reversed(taken):
+            self._queue.appendleft(b)
+        self._queued_spans += count
+        self._nonempty.set()
 
     async def _deliver(self, groups: Sequence[SpanGroup], count: int) -> None:
         loop = asyncio.get_running_loop()
@@ -257,6 +321,7 @@ class Exporter(abc.ABC, Generic[_Payload]):
                 self._latency.observe(loop.time() - t0)
                 if not exc.retryable:
                     self.failing = True
+                    self.report(Status.RECOVERABLE_ERROR, f"backend rejected a batch: {exc}")
                     self._drop(count, "rejected")
                     self._log.error(
                         "export_rejected", spans=count, error=str(exc), detail="not retryable"
@@ -283,6 +348,8 @@ class Exporter(abc.ABC, Generic[_Payload]):
                         error=str(exc),
                     )
                 self.failing = True
+                if not self._closing:  # at shutdown the status stays "stopping"
+                    self.report(Status.RECOVERABLE_ERROR, str(exc))
                 self._retried.inc(count)
                 await asyncio.sleep(wait)
                 continue
@@ -290,6 +357,8 @@ class Exporter(abc.ABC, Generic[_Payload]):
             if self.failing:
                 self._log.info("export_recovered", attempts=attempt)
             self.failing = False
+            self.report_ok()
+            rejected = self._clamp_rejected(rejected, count)
             if rejected:
                 self._drop(rejected, "rejected")
                 self._log.warning("export_partially_rejected", spans=count, rejected=rejected)
@@ -302,6 +371,34 @@ class Exporter(abc.ABC, Generic[_Payload]):
                 self.on_settled([g for b in batches for g in b.groups])
             except Exception:  # a bug in the hook must not stop delivery
                 self._log.exception("settle_hook_failed")
+
+    def _clamp_rejected(self, rejected: Any, count: int) -> int:
+        """The backend's ``rejected_spans`` as a count within the batch."""
+        try:
+            value = int(rejected)
+        except (TypeError, ValueError, OverflowError):
+            value = -1
+        if 0 <= value <= count:
+            return value
+        clamped = count if value > count else 0
+        self.odd_answer(
+            "export_partial_success_out_of_range",
+            rejected_spans=repr(rejected)[:40],
+            batch_spans=count,
+            counted_as_rejected=clamped,
+        )
+        return clamped
+
+    def odd_answer(self, event: str, **fields: Any) -> None:
+        """Log an answer the protocol does not allow, at most once per kind every
+        few seconds (with how many were not logged)."""
+        now = time.monotonic()
+        last, suppressed = self._odd_answers.get(event, (float("-inf"), 0))
+        if now - last < _ODD_ANSWER_LOG_INTERVAL:
+            self._odd_answers[event] = (last, suppressed + 1)
+            return
+        self._odd_answers[event] = (now, 0)
+        self._log.warning(event, suppressed_since_last=suppressed, **fields)
 
     def _drop(self, count: int, reason: str) -> None:
         self._telemetry.spans_dropped.labels(self.name, reason).inc(count)

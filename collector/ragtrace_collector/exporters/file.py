@@ -14,6 +14,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from ragtrace_collector.component import Supervisor
 from ragtrace_collector.config import FileExporterConfig
 from ragtrace_collector.exporters.base import Exporter, ExportError
 from ragtrace_collector.otlp import ExportTraceServiceRequest, SpanGroup, build_request, encode_json
@@ -30,8 +31,15 @@ def rotated_paths(path: Path, keep: int) -> list[Path]:
 class FileExporter(Exporter[ExportTraceServiceRequest]):
     kind = "file"
 
-    def __init__(self, name: str, config: FileExporterConfig, telemetry: Telemetry) -> None:
-        super().__init__(name, config, telemetry)
+    def __init__(
+        self,
+        name: str,
+        config: FileExporterConfig,
+        telemetry: Telemetry,
+        *,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        super().__init__(name, config, telemetry, supervisor=supervisor)
         self._path = config.path
         self._max_bytes = config.max_bytes
         self._keep = config.keep

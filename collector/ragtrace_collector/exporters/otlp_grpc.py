@@ -14,11 +14,16 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
+from ragtrace_collector.component import Supervisor
 from ragtrace_collector.config import OtlpGrpcExporterConfig
-from ragtrace_collector.exporters.base import Exporter, ExportError
+from ragtrace_collector.exporters.base import (
+    Exporter,
+    ExportError,
+    UndecodableAnswer,
+    rejected_in_answer,
+)
 from ragtrace_collector.otlp import (
     GRPC_EXPORT_METHOD,
-    ExportTraceServiceResponse,
     SpanGroup,
     build_request,
     retry_delay_from_status,
@@ -53,7 +58,7 @@ def retry_delay_from_metadata(metadata: Any) -> float | None:
             status = status_pb2.Status()
             try:
                 status.ParseFromString(value)
-            except DecodeError:
+            except (DecodeError, ValueError):
                 continue
             delay = retry_delay_from_status(status)
             if delay is not None:
@@ -62,7 +67,7 @@ def retry_delay_from_metadata(metadata: Any) -> float | None:
             info = error_details_pb2.RetryInfo()
             try:
                 info.ParseFromString(value)
-            except DecodeError:
+            except (DecodeError, ValueError):
                 continue
             return float(info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
     return None
@@ -71,8 +76,15 @@ def retry_delay_from_metadata(metadata: Any) -> float | None:
 class OtlpGrpcExporter(Exporter[bytes]):
     kind = "otlp_grpc"
 
-    def __init__(self, name: str, config: OtlpGrpcExporterConfig, telemetry: Telemetry) -> None:
-        super().__init__(name, config, telemetry)
+    def __init__(
+        self,
+        name: str,
+        config: OtlpGrpcExporterConfig,
+        telemetry: Telemetry,
+        *,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        super().__init__(name, config, telemetry, supervisor=supervisor)
         self._config = config
         self._target = config.target()
         self._metadata = tuple(config.headers.items())
@@ -130,15 +142,16 @@ class OtlpGrpcExporter(Exporter[bytes]):
                 code is grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None
             )
             raise ExportError(
-                f"{self._target} answered {code.name}: {exc.details()}",
+                f"{self._target} answered {code.name}: {str(exc.details())[:300]}",
                 retryable=retryable,
                 retry_after=delay if retryable else None,
             ) from None
-        if not answer:
+        if not isinstance(answer, bytes):
+            self.odd_answer("export_answer_unexpected", answer_type=type(answer).__name__)
             return 0
-        response = ExportTraceServiceResponse()
         try:
-            response.ParseFromString(answer)
-        except DecodeError:
+            return rejected_in_answer(answer)
+        except UndecodableAnswer as exc:
+            # An OK status is the protocol's verdict: delivered, and the odd body logged.
+            self.odd_answer("export_answer_undecodable", error=str(exc))
             return 0
-        return int(response.partial_success.rejected_spans)

@@ -1,9 +1,13 @@
 """OTLP/HTTP (protobuf) exporter, on aiohttp.
 
 Retryable answers, per the OTLP specification: 429, 502, 503 and 504 (honouring
-``Retry-After``), and connection failures or timeouts.  Any other 4xx/5xx is
-permanent: the batch is dropped and counted, with the backend's ``google.rpc.Status``
-message in the log.
+``Retry-After``), and connection failures or timeouts (a connection reset mid-answer,
+bytes that are not HTTP).  Any other 4xx/5xx is permanent: the batch is dropped and
+counted, with the backend's ``google.rpc.Status`` message in the log.
+
+Answers are read up to ``_MAX_ANSWER_BYTES``.  A 2xx whose body is not an
+``ExportTraceServiceResponse`` (HTML from a proxy, garbage) counts as delivered, since
+the status is the protocol's verdict, and is logged.
 """
 
 from __future__ import annotations
@@ -19,20 +23,23 @@ import aiohttp
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
+from ragtrace_collector.component import Supervisor
 from ragtrace_collector.config import ClientTLSConfig, OtlpHttpExporterConfig
-from ragtrace_collector.exporters.base import Exporter, ExportError
-from ragtrace_collector.otlp import (
-    CONTENT_TYPE_PROTOBUF,
-    ExportTraceServiceResponse,
-    SpanGroup,
-    build_request,
+from ragtrace_collector.exporters.base import (
+    Exporter,
+    ExportError,
+    UndecodableAnswer,
+    rejected_in_answer,
 )
+from ragtrace_collector.otlp import CONTENT_TYPE_PROTOBUF, SpanGroup, build_request
 from ragtrace_collector.telemetry import Telemetry
 
 __all__ = ["OtlpHttpExporter", "client_ssl_context", "parse_retry_after"]
 
 _RETRYABLE_STATUS: Final = frozenset({429, 502, 503, 504})
 _USER_AGENT: Final = "ragtrace-collector"
+#: An answer is read up to this size; the rest is not needed and never buffered.
+_MAX_ANSWER_BYTES: Final = 1024 * 1024
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -68,8 +75,15 @@ def client_ssl_context(tls: ClientTLSConfig) -> ssl.SSLContext:
 class OtlpHttpExporter(Exporter[bytes]):
     kind = "otlp_http"
 
-    def __init__(self, name: str, config: OtlpHttpExporterConfig, telemetry: Telemetry) -> None:
-        super().__init__(name, config, telemetry)
+    def __init__(
+        self,
+        name: str,
+        config: OtlpHttpExporterConfig,
+        telemetry: Telemetry,
+        *,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        super().__init__(name, config, telemetry, supervisor=supervisor)
         self._config = config
         self._url = config.traces_url()
         self._gzip = config.compression == "gzip"
@@ -108,7 +122,7 @@ class OtlpHttpExporter(Exporter[bytes]):
         assert self._session is not None, "exporter not started"
         try:
             async with self._session.post(self._url, data=payload, headers=self._headers) as resp:
-                body = await resp.read()
+                body, truncated = await _read_bounded(resp)
                 status = resp.status
                 retry_after = parse_retry_after(resp.headers.get("Retry-After"))
                 content_type = resp.headers.get("Content-Type", "")
@@ -117,7 +131,7 @@ class OtlpHttpExporter(Exporter[bytes]):
                 f"cannot reach {self._url}: {type(exc).__name__}: {exc}", retryable=True
             ) from None
         if 200 <= status < 300:
-            return _rejected_spans(body, content_type)
+            return self._rejected_spans(body, content_type, truncated)
         message = _status_message(body, content_type) or f"HTTP {status}"
         raise ExportError(
             f"{self._url} answered {status}: {message}",
@@ -125,16 +139,47 @@ class OtlpHttpExporter(Exporter[bytes]):
             retry_after=retry_after if status in _RETRYABLE_STATUS else None,
         )
 
+    def _rejected_spans(self, body: bytes, content_type: str, truncated: bool) -> int:
+        """Spans a 2xx answer says were rejected; an odd answer is logged, and counts
+        as fully delivered (the status code is the protocol's verdict)."""
+        if not body:
+            return 0
+        if truncated:
+            self.odd_answer("export_answer_too_large", limit_bytes=_MAX_ANSWER_BYTES)
+            return 0
+        if "protobuf" not in content_type:
+            self.odd_answer(
+                "export_answer_unexpected",
+                content_type=content_type[:100],
+                body=_printable(body),
+                detail="a 2xx without an OTLP protobuf body; counted as delivered",
+            )
+            return 0
+        try:
+            return rejected_in_answer(body)
+        except UndecodableAnswer as exc:
+            self.odd_answer(
+                "export_answer_undecodable",
+                error=str(exc),
+                detail="a 2xx whose body does not decode; counted as delivered",
+            )
+            return 0
 
-def _rejected_spans(body: bytes, content_type: str) -> int:
-    if not body or "protobuf" not in content_type:
-        return 0
-    response = ExportTraceServiceResponse()
-    try:
-        response.ParseFromString(body)
-    except DecodeError:
-        return 0
-    return int(response.partial_success.rejected_spans)
+
+async def _read_bounded(resp: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+    """The answer body, at most ``_MAX_ANSWER_BYTES``; True when there was more."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > _MAX_ANSWER_BYTES:
+            return b"".join(chunks), True
+        chunks.append(chunk)
+    return b"".join(chunks), False
+
+
+def _printable(body: bytes, limit: int = 200) -> str:
+    return body[:limit].decode("utf-8", "replace").strip()
 
 
 def _status_message(body: bytes, content_type: str) -> str:
@@ -144,7 +189,7 @@ def _status_message(body: bytes, content_type: str) -> str:
         status = status_pb2.Status()
         try:
             status.ParseFromString(body)
-        except DecodeError:
-            return ""
-        return str(status.message)
-    return body[:300].decode("utf-8", "replace").strip()
+        except (DecodeError, ValueError):
+            return f"undecodable google.rpc.Status ({len(body)} bytes)"
+        return str(status.message)[:300]
+    return _printable(body, 300)

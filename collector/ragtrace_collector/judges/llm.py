@@ -34,7 +34,6 @@ import functools
 import hashlib
 import importlib
 import json
-import logging
 import os
 import random
 import time
@@ -58,6 +57,7 @@ from ragtrace_collector.judges.cache import LRUCache
 from ragtrace_collector.judges.config import JudgeConfig
 from ragtrace_collector.judges.prompting import PromptError, PromptLibrary, RenderedPrompt
 from ragtrace_collector.judges.repair import parse_json_object
+from ragtrace_collector.logs import hold_third_party_loggers, redact
 from ragtrace_collector.results import Cost
 
 __all__ = ["JudgeStats", "LLMJudge"]
@@ -365,7 +365,9 @@ class LLMJudge:
                     kind, retryable = _classify(self._litellm, exc)
                     if not retryable or attempt >= cfg.max_retries:
                         suffix = f" after {attempt + 1} attempts" if attempt else ""
-                        raise JudgeError(kind, f"{task_name}: {_short(exc)}{suffix}") from None
+                        # The provider's text may quote api_base with its credentials.
+                        message = redact(f"{task_name}: {_short(exc)}{suffix}")
+                        raise JudgeError(kind, message) from None
                     delay = self._backoff(attempt, _retry_after(exc))
                     _log.info(
                         "judge_retry",
@@ -482,10 +484,9 @@ def _import_litellm() -> Any:
     litellm.suppress_debug_info = True
     # Message bodies are user data: keep them out of any litellm logging callback.
     litellm.turn_off_message_logging = True
-    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
-        logger = logging.getLogger(name)
-        if logger.getEffectiveLevel() < logging.WARNING:
-            logger.setLevel(logging.WARNING)
+    # Its import gave its loggers a handler of their own: route them through ours
+    # (redacted) and hold them at WARNING unless logging.third_party_debug opts in.
+    hold_third_party_loggers()
     return litellm
 
 

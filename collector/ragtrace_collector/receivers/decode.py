@@ -56,7 +56,9 @@ def decode_body(
     """
     body = plain_body(body, encoding, budget)
     request = decode_json_request(body) if as_json else decode_protobuf_request(body)
-    return split_request(request)
+    split = split_request(request)
+    split.payload = request if as_json else body
+    return split
 
 
 class Decoder:

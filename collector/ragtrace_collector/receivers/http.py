@@ -228,7 +228,8 @@ class HttpReceiver(Component):
                 as_json,
             )
         try:
-            await self._pipeline.accept(split, _RECEIVER, export if as_json else body)
+            payload = split.payload if split.payload is not None else body
+            await self._pipeline.accept(split, _RECEIVER, payload)
         except Refused as refused:
             status = 503 if refused.reason == "shutting_down" else 429
             code = CODE_UNAVAILABLE if status == 503 else CODE_RESOURCE_EXHAUSTED
