@@ -12,12 +12,14 @@ pass rate over scored results, skipped and error counts, judge calls, tokens, co
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,12 +30,13 @@ from ragtrace_collector.metrics import (
     METRIC_NAMES,
     OFFLINE_METRICS,
     ConversationMetric,
+    JudgeFreeMetric,
     Metric,
     MetricOptions,
     build_metrics,
     parse_metric_names,
 )
-from ragtrace_collector.results import Cost, MetricResult
+from ragtrace_collector.results import Cost, MetricResult, trusted
 
 __all__ = [
     "EvalReport",
@@ -57,6 +60,8 @@ class ItemResult(BaseModel):
     case_id: str | None
     kind: Literal["case", "conversation"]
     line: int | None = None
+    #: The case's input (a conversation's first user turn), to read results by.
+    input: str | None = None
     results: list[MetricResult] = Field(default_factory=list)
 
     def result(self, metric: str) -> MetricResult | None:
@@ -67,6 +72,8 @@ class ItemResult(BaseModel):
         out: dict[str, Any] = {"case_id": self.case_id, "kind": self.kind}
         if self.line is not None:
             out["line"] = self.line
+        if self.input is not None:
+            out["input"] = self.input
         out["results"] = {
             r.metric: r.model_dump(mode="json", exclude={"metric"}) for r in self.results
         }
@@ -104,6 +111,14 @@ class EvalReport(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     elapsed_s: float = 0.0
 
+    def __repr__(self) -> str:
+        # Short: asyncio.run() formats the main task (and so its result) when it
+        # restores the SIGINT handler, and a full repr of 10k items costs seconds.
+        return (
+            f"EvalReport(judge={self.judge!r}, metrics={self.metrics!r}, "
+            f"items={len(self.items)}, row_errors={len(self.row_errors)})"
+        )
+
     @property
     def cost(self) -> Cost:
         total = Cost()
@@ -129,41 +144,68 @@ class EvalReport(BaseModel):
         }
 
 
+class _Tally:
+    """A metric's running counts while :func:`summarise` reads the results."""
+
+    __slots__ = ("counts", "heuristic", "scores", "usd")
+
+    def __init__(self) -> None:
+        # count, passed, failed, skipped, errors, calls, cached, prompt, completion
+        self.counts = [0] * 9
+        self.scores: list[float] = []
+        self.usd: float | None = 0.0
+        self.heuristic = False
+
+    def summary(self, metric: str) -> MetricSummary:
+        count, passed, failed, skipped, errors, calls, cached, prompt, completion = self.counts
+        scored = len(self.scores)
+        return MetricSummary(
+            metric=metric,
+            count=count,
+            scored=scored,
+            mean=math.fsum(self.scores) / scored if scored else None,
+            passed=passed,
+            failed=failed,
+            pass_rate=passed / scored if scored else None,
+            skipped=skipped,
+            errors=errors,
+            calls=calls,
+            cached_calls=cached,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cost_usd=self.usd,
+            heuristic=self.heuristic,
+        )
+
+
 def summarise(metrics: Sequence[str], items: Iterable[ItemResult]) -> dict[str, MetricSummary]:
     """Per-metric summary: mean and pass rate over scored results only."""
-    out = {m: MetricSummary(metric=m) for m in metrics}
-    sums: dict[str, list[float]] = {m: [] for m in metrics}
-    costs: dict[str, Cost] = {m: Cost() for m in metrics}
+    tallies = {m: _Tally() for m in metrics}
     for item in items:
         for r in item.results:
-            s = out.setdefault(r.metric, MetricSummary(metric=r.metric))
-            sums.setdefault(r.metric, [])
-            s.count += 1
-            s.heuristic = s.heuristic or r.heuristic
-            costs[r.metric] = costs.get(r.metric, Cost()) + r.cost
-            outcome = r.outcome
-            if outcome == "error":
-                s.errors += 1
-            elif outcome == "skipped":
-                s.skipped += 1
+            tally = tallies.get(r.metric)
+            if tally is None:
+                tally = tallies[r.metric] = _Tally()
+            counts = tally.counts
+            counts[0] += 1
+            if r.heuristic:
+                tally.heuristic = True
+            c = r.cost
+            if c.calls or c.cached_calls or c.prompt_tokens or c.completion_tokens or c.usd != 0:
+                counts[5] += c.calls
+                counts[6] += c.cached_calls
+                counts[7] += c.prompt_tokens
+                counts[8] += c.completion_tokens
+                spent = tally.usd
+                tally.usd = None if spent is None or c.usd is None else spent + c.usd
+            if r.error is not None:
+                counts[4] += 1
+            elif r.skipped or r.score is None:
+                counts[3] += 1
             else:
-                assert r.score is not None
-                sums[r.metric].append(r.score)
-                if outcome == "passed":
-                    s.passed += 1
-                else:
-                    s.failed += 1
-    for m, s in out.items():
-        scores = sums.get(m, [])
-        s.scored = len(scores)
-        if scores:
-            s.mean = math.fsum(scores) / len(scores)
-            s.pass_rate = s.passed / len(scores)
-        c = costs.get(m, Cost())
-        s.calls, s.cached_calls = c.calls, c.cached_calls
-        s.prompt_tokens, s.completion_tokens = c.prompt_tokens, c.completion_tokens
-        s.cost_usd = c.usd
-    return out
+                tally.scores.append(r.score)
+                counts[1 if r.passed else 2] += 1
+    return {m: t.summary(m) for m, t in tallies.items()}
 
 
 def _resolve_metrics(
@@ -223,6 +265,53 @@ async def _measure(metric: Metric, item: Item, judge: Judge | None) -> MetricRes
         )
 
 
+#: How long ``evaluate()`` scores judge-free metrics before it lets the loop run.
+_SLICE_S = 0.02
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for one slice of a batch.
+
+    A slice allocates thousands of small result objects that hold no reference
+    cycles; with the collector on, each allocation burst makes it traverse every live
+    object again (a 10k-case dataset included), which cost more than the scoring.
+    Reference counting still frees everything; the collector runs again after the slice.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _item_result(
+    index: int, item: Item, line: int | None, results: list[MetricResult]
+) -> ItemResult:
+    # Every value is of its declared type, and the results are validated already.
+    conversation = isinstance(item, Conversation)
+    return trusted(
+        ItemResult,
+        {
+            "index": index,
+            "case_id": item.case_id,
+            "kind": "conversation" if conversation else "case",
+            "line": line,
+            "input": _first_input(item),
+            "results": results,
+        },
+    )
+
+
+def _first_input(item: Item) -> str | None:
+    if isinstance(item, RAGCase):
+        return item.input
+    return next((t.content for t in item.turns if t.role == "user"), None)
+
+
 async def evaluate(
     items: Iterable[Item],
     metrics: Sequence[Metric | str] | None,
@@ -236,36 +325,70 @@ async def evaluate(
 ) -> EvalReport:
     """Evaluate ``items`` with ``metrics`` (instances or names; None: the default
     set) using ``judge``.  Case metrics run on cases, conversation metrics on
-    conversations.  ``on_item`` is called as each item finishes (progress bars)."""
+    conversations.  ``on_item`` is called as each item finishes (progress bars).
+
+    Judge-free metrics (:class:`JudgeFreeMetric`) are scored synchronously, with no
+    task per case; when every metric is judge-free, the whole batch runs in one
+    pass that yields to the event loop every few milliseconds.
+    """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     started = time.perf_counter()
     todo = list(items)
     chosen = _resolve_metrics(metrics, judge=judge, options=options, defaults=defaults)
+    now = [isinstance(m, JudgeFreeMetric) and m.kind == "case" for m in chosen]
     results: list[ItemResult | None] = [None] * len(todo)
-    queue = iter(range(len(todo)))
 
-    async def worker() -> None:
-        for index in queue:
-            item = todo[index]
-            measured = await asyncio.gather(*(_measure(m, item, judge) for m in chosen))
-            done = ItemResult(
-                index=index,
-                case_id=item.case_id,
-                kind="conversation" if isinstance(item, Conversation) else "case",
-                line=lines[index] if lines is not None and index < len(lines) else None,
-                results=[r for r in measured if r is not None],
-            )
-            results[index] = done
-            if on_item is not None:
-                on_item(done)
+    def line_of(index: int) -> int | None:
+        return lines[index] if lines is not None and index < len(lines) else None
 
-    workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(todo)))]
-    try:
-        await asyncio.gather(*workers)
-    finally:
-        for w in workers:
-            w.cancel()
+    if all(now):
+        immediate = cast("list[JudgeFreeMetric]", chosen)
+
+        def score_slice(start: int) -> int:
+            """Score items from ``start`` for about ``_SLICE_S``; the next index."""
+            deadline = time.perf_counter() + _SLICE_S
+            index = start
+            with _gc_paused():
+                while index < len(todo):
+                    item = todo[index]
+                    scored = (
+                        [m.measure_now(item) for m in immediate]
+                        if isinstance(item, RAGCase)
+                        else []
+                    )
+                    done = _item_result(index, item, line_of(index), scored)
+                    results[index] = done
+                    if on_item is not None:
+                        on_item(done)
+                    index += 1
+                    if index & 63 == 0 and time.perf_counter() > deadline:
+                        break
+            return index
+
+        next_index = score_slice(0)
+        while next_index < len(todo):
+            await asyncio.sleep(0)  # let the loop serve I/O between slices
+            next_index = score_slice(next_index)
+    else:
+        queue = iter(range(len(todo)))
+
+        async def worker() -> None:
+            for index in queue:
+                item = todo[index]
+                done = _item_result(
+                    index, item, line_of(index), await _measure_item(chosen, now, item, judge)
+                )
+                results[index] = done
+                if on_item is not None:
+                    on_item(done)
+
+        workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(todo)))]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for w in workers:
+                w.cancel()
     finished = [r for r in results if r is not None]
     names = [m.name for m in chosen]
     return EvalReport(
@@ -275,6 +398,29 @@ async def evaluate(
         summary=summarise(names, finished),
         elapsed_s=time.perf_counter() - started,
     )
+
+
+async def _measure_item(
+    chosen: Sequence[Metric], now: Sequence[bool], item: Item, judge: Judge | None
+) -> list[MetricResult]:
+    """One item's results, in metric order: judge-free ones synchronously, the others
+    concurrently."""
+    slots: list[MetricResult | None] = []
+    pending: list[tuple[int, Coroutine[Any, Any, MetricResult | None]]] = []
+    for metric, immediate in zip(chosen, now, strict=True):
+        if immediate:
+            if isinstance(item, RAGCase):
+                slots.append(cast("JudgeFreeMetric", metric).measure_now(item))
+            continue
+        pending.append((len(slots), _measure(metric, item, judge)))
+        slots.append(None)
+    if len(pending) == 1:
+        slots[pending[0][0]] = await pending[0][1]
+    elif pending:
+        measured = await asyncio.gather(*(c for _, c in pending))
+        for (slot, _), result in zip(pending, measured, strict=True):
+            slots[slot] = result
+    return [r for r in slots if r is not None]
 
 
 def _run_sync(coro_factory: Callable[[], Any]) -> Any:

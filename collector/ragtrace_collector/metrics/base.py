@@ -26,11 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragtrace_collector.cases import Conversation, RAGCase
 from ragtrace_collector.judges.base import Judge, JudgeError, JudgeTask
-from ragtrace_collector.results import Cost, MetricResult
+from ragtrace_collector.results import Cost, MetricResult, trusted
 
 __all__ = [
     "HEURISTIC_PREFIX",
     "ConversationMetric",
+    "JudgeFreeMetric",
     "Metric",
     "MetricBase",
     "MetricOptions",
@@ -173,7 +174,7 @@ class Run:
 
     def __init__(self, judge: Judge | None) -> None:
         self.judge = judge
-        self.cost = Cost()
+        self.cost = Cost.none()
         self.used_judge = False
 
     async def ask(self, task: JudgeTask[R]) -> R:
@@ -280,30 +281,42 @@ class MetricBase(abc.ABC):
 
     def result(self, outcome: Outcome, run: Run) -> MetricResult:
         judge_name, heuristic = self._judge_fields(run)
+        return self._build(outcome, run.cost, judge_name, heuristic)
+
+    def _build(
+        self, outcome: Outcome, cost: Cost, judge_name: str, heuristic: bool
+    ) -> MetricResult:
         reason = outcome.reason
         if heuristic and not reason.startswith(HEURISTIC_PREFIX):
             reason = HEURISTIC_PREFIX + reason
         details = outcome.details
         score = outcome.score
         passed: bool | None = None
+        threshold = self.threshold
+        strict = self.options.strict
         if score is not None:
             score = min(1.0, max(0.0, float(score)))
-            if self.options.strict and score < 1.0:
+            if strict and score < 1.0:
                 details = {**details, "unstrict_score": score}
                 score = 0.0
-            passed = score >= self.threshold
-        return MetricResult(
-            metric=self.name,
-            score=score,
-            reason=reason,
-            threshold=self.threshold,
-            strict=self.options.strict,
-            passed=passed,
-            skipped=score is None,
-            details=details,
-            cost=run.cost,
-            judge=judge_name,
-            heuristic=heuristic,
+            passed = score >= threshold
+        # Every value below has its declared type: no validation needed (results.trusted).
+        return trusted(
+            MetricResult,
+            {
+                "metric": self.name,
+                "score": score,
+                "reason": reason,
+                "threshold": threshold,
+                "strict": strict,
+                "passed": passed,
+                "skipped": score is None,
+                "error": None,
+                "details": details,
+                "cost": cost,
+                "judge": judge_name,
+                "heuristic": heuristic,
+            },
         )
 
     def error_result(
@@ -322,6 +335,39 @@ class MetricBase(abc.ABC):
             judge=judge_name,
             heuristic=heuristic,
         )
+
+
+class JudgeFreeMetric(MetricBase):
+    """A case metric that never calls a judge, scored synchronously.
+
+    Subclasses implement :meth:`missing_inputs` and :meth:`_score_now`.
+    :meth:`measure_now` is the synchronous form of :meth:`measure`: batch callers
+    (``evaluate()``) score many cases with it without a coroutine, a task or an
+    event-loop turn per case.
+    """
+
+    uses_judge: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def _score_now(self, case: RAGCase) -> Outcome:
+        """Score a case whose inputs are present."""
+
+    async def _score(self, case: RAGCase, run: Run) -> Outcome:
+        return self._score_now(case)
+
+    async def measure(self, case: RAGCase, judge: Judge | None) -> MetricResult:
+        return self.measure_now(case)
+
+    def measure_now(self, case: RAGCase) -> MetricResult:
+        """The result for ``case`` (never raises: a bug becomes an error result)."""
+        missing = self.missing_inputs(case)
+        if missing is not None:
+            return self._build(Outcome.skip(missing), Cost.none(), "none", False)
+        try:
+            outcome = self._score_now(case)
+        except Exception as exc:  # a bug must not stop the other metrics
+            return self.error_result(f"internal: {type(exc).__name__}: {exc}", Run(None))
+        return self._build(outcome, Cost.none(), "none", False)
 
 
 # ------------------------------------------------------------------- helpers
