@@ -2,6 +2,7 @@
 
 >>> report = await evaluate(cases, ["contextual_recall", "id_context_recall"], judge)
 >>> report = evaluate_file("cases.jsonl", metrics=["contextual_recall"])  # sync
+>>> report = evaluate_rows(datasets.load_from_disk("eval"), metrics="id_context_recall")
 
 Cases run concurrently (``concurrency`` items in flight; each item's metrics run
 together).  Judge calls are further bounded by the judge itself.  Per-metric summary:
@@ -25,7 +26,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragtrace_collector.cases import Conversation, RAGCase
 from ragtrace_collector.judges.base import Judge
-from ragtrace_collector.loaders import RowError, load_dataset
+from ragtrace_collector.loaders import (
+    DEFAULT_MAX_ROW_SIZE,
+    LoadResult,
+    RowError,
+    load_dataset,
+    load_rows,
+)
 from ragtrace_collector.metrics import (
     METRIC_NAMES,
     OFFLINE_METRICS,
@@ -45,6 +52,7 @@ __all__ = [
     "applicable_metrics",
     "evaluate",
     "evaluate_file",
+    "evaluate_rows",
     "summarise",
 ]
 
@@ -138,6 +146,7 @@ class EvalReport(BaseModel):
             "judge": self.judge,
             "items": len(self.items),
             "row_errors": [str(e) for e in self.row_errors],
+            "warnings": list(self.warnings),
             "elapsed_s": round(self.elapsed_s, 3),
             "cost": cost.model_dump(mode="json"),
             "metrics": {k: v.model_dump(mode="json") for k, v in self.summary.items()},
@@ -455,15 +464,55 @@ def evaluate_file(
     options: Mapping[str, MetricOptions | Mapping[str, Any]] | None = None,
     judge: Judge | None = None,
     only_applicable: bool | None = None,
+    format: str | None = None,
+    max_row_size: int | None = DEFAULT_MAX_ROW_SIZE,
 ) -> EvalReport:
-    """Load ``path`` and evaluate it (synchronous; for notebooks and CI).
+    """Load ``path`` (JSONL, JSON, CSV or Parquet) and evaluate it (synchronous; for
+    notebooks and CI).
 
     ``metrics``: names (list or comma-separated) or instances; None means the
     default set restricted to the metrics the data can feed.  ``model`` is
     ``"offline"`` or a litellm model string (ignored when ``judge`` is given).
-    Bad rows do not stop the evaluation: they are in ``report.row_errors``.
+    Bad rows (and rows over ``max_row_size`` characters) do not stop the evaluation:
+    they are in ``report.row_errors``.
     """
-    loaded = load_dataset(path)
+    loaded = load_dataset(path, format=format, max_row_size=max_row_size)
+    return _evaluate_loaded(
+        loaded, metrics, model, concurrency, threshold, options, judge, only_applicable
+    )
+
+
+def evaluate_rows(
+    rows: Iterable[Mapping[str, Any]],
+    metrics: Sequence[Metric | str] | str | None = None,
+    model: str = "offline",
+    *,
+    concurrency: int = 8,
+    threshold: float | None = None,
+    options: Mapping[str, MetricOptions | Mapping[str, Any]] | None = None,
+    judge: Judge | None = None,
+    only_applicable: bool | None = None,
+    max_row_size: int | None = DEFAULT_MAX_ROW_SIZE,
+) -> EvalReport:
+    """:func:`evaluate_file` for rows already in memory: a Hugging Face
+    ``datasets.Dataset`` (its rows are mappings), ``DataFrame.to_dict("records")`` or a
+    list of dicts, with the field names of the files.  Rows are numbered from 1."""
+    loaded = load_rows(rows, max_row_size=max_row_size)
+    return _evaluate_loaded(
+        loaded, metrics, model, concurrency, threshold, options, judge, only_applicable
+    )
+
+
+def _evaluate_loaded(
+    loaded: LoadResult,
+    metrics: Sequence[Metric | str] | str | None,
+    model: str,
+    concurrency: int,
+    threshold: float | None,
+    options: Mapping[str, MetricOptions | Mapping[str, Any]] | None,
+    judge: Judge | None,
+    only_applicable: bool | None,
+) -> EvalReport:
     if isinstance(metrics, str):
         metrics = parse_metric_names(metrics)
     if judge is None:
@@ -479,7 +528,7 @@ def evaluate_file(
         lambda: evaluate(loaded.items, chosen, judge, concurrency, lines=loaded.lines)
     )
     report.row_errors = list(loaded.errors)
-    report.warnings = list(loaded.warnings)
+    report.warnings = loaded.grouped_warnings()
     return report
 
 
