@@ -1,7 +1,8 @@
 """The Ragas half of ``nonllm_vs_ragas.py``; runs in the Ragas venv, not the project's.
 
 Reads the samples (JSONL, Ragas field names) from argv[1], scores them with the four
-non-LLM Ragas metrics, best of ``argv[2]`` runs each, and prints one JSON object:
+non-LLM Ragas metrics (or those named, comma-separated, in argv[3]), best of
+``argv[2]`` runs each, and prints one JSON object:
 ``{metric: {"seconds": best, "scores": [...]}}`` (NaN written as null).
 
 Each metric runs the way Ragas's own per-sample API runs it: ``await
@@ -39,6 +40,8 @@ def main() -> None:
         "NonLLMContextPrecisionWithReference": NonLLMContextPrecisionWithReference(),
         "IDBasedContextPrecision": IDBasedContextPrecision(),
     }
+    if len(sys.argv) > 3:
+        metrics = {name: metrics[name] for name in sys.argv[3].split(",")}
     out: dict[str, dict[str, object]] = {}
     for name, metric in metrics.items():
 

@@ -98,9 +98,10 @@ def ragas_python(given: str | None) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def run_ragas(python: str, data: Path, repeat: int) -> dict[str, Any]:
+def run_ragas(python: str, data: Path, repeat: int, names: list[str]) -> dict[str, Any]:
+    script = str(ROOT / "benchmarks" / "_ragas_side.py")
     done = subprocess.run(
-        [python, str(ROOT / "benchmarks" / "_ragas_side.py"), str(data), str(repeat)],
+        [python, script, str(data), str(repeat), ",".join(names)],
         capture_output=True,
         text=True,
         check=False,
@@ -141,7 +142,13 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3, help="best of R runs, each side")
     parser.add_argument("--ragas-python", default=None, help="an interpreter with Ragas")
+    parser.add_argument(
+        "--only", default=None, help="comma-separated ragtrace metric names (default: all four)"
+    )
     args = parser.parse_args()
+    pairs = {r: n for r, n in PAIRS.items() if args.only is None or n in args.only.split(",")}
+    if not pairs:
+        parser.error(f"--only: expected some of {', '.join(PAIRS.values())}")
 
     rows = samples(args.cases)
     python = ragas_python(args.ragas_python)
@@ -151,8 +158,8 @@ def main() -> None:
         loaded = parse_text(data.read_text(encoding="utf-8"))
         assert not loaded.errors, loaded.errors[:3]
         cases = loaded.cases
-        ragas = run_ragas(python, data, args.repeat)
-        ours = {name: run_ragtrace(cases, name, args.repeat) for name in PAIRS.values()}
+        ragas = run_ragas(python, data, args.repeat, list(pairs))
+        ours = {name: run_ragtrace(cases, name, args.repeat) for name in pairs.values()}
 
     n = args.cases
     print(f"{n} samples: 5 retrieved x 2 reference contexts of ~200 chars, 5 x 3 ids of 20")
@@ -162,7 +169,7 @@ def main() -> None:
     )
     print(header)
     print("-" * len(header))
-    for ragas_name, name in PAIRS.items():
+    for ragas_name, name in pairs.items():
         theirs = ragas[ragas_name]
         seconds, scores = ours[name]
         worst, one_sided = max_difference(scores, theirs["scores"])

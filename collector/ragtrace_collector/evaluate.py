@@ -274,18 +274,20 @@ async def _measure(metric: Metric, item: Item, judge: Judge | None) -> MetricRes
         )
 
 
-#: How long ``evaluate()`` scores judge-free metrics before it lets the loop run.
+#: How long ``evaluate()`` scores judge-free metrics before it lets the loop run, and
+#: how many items it scores between two looks at the clock.
 _SLICE_S = 0.02
+_CHUNK = 64
 
 
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for one slice of a batch.
+    """The cyclic garbage collector off for a judge-free batch (seconds for 10k cases).
 
-    A slice allocates thousands of small result objects that hold no reference
-    cycles; with the collector on, each allocation burst makes it traverse every live
-    object again (a 10k-case dataset included), which cost more than the scoring.
-    Reference counting still frees everything; the collector runs again after the slice.
+    The batch allocates many small result objects that hold no reference cycles; with
+    the collector on, the allocations make it traverse the live objects (the dataset
+    included) again and again, which cost more than the scoring.  Reference counting
+    still frees everything; the collector runs again after the batch.
     """
     if not gc.isenabled():
         yield
@@ -301,24 +303,22 @@ def _item_result(
     index: int, item: Item, line: int | None, results: list[MetricResult]
 ) -> ItemResult:
     # Every value is of its declared type, and the results are validated already.
-    conversation = isinstance(item, Conversation)
+    if isinstance(item, RAGCase):
+        kind, text = "case", item.input
+    else:
+        kind = "conversation"
+        text = next((t.content for t in item.turns if t.role == "user"), None)
     return trusted(
         ItemResult,
         {
             "index": index,
             "case_id": item.case_id,
-            "kind": "conversation" if conversation else "case",
+            "kind": kind,
             "line": line,
-            "input": _first_input(item),
+            "input": text,
             "results": results,
         },
     )
-
-
-def _first_input(item: Item) -> str | None:
-    if isinstance(item, RAGCase):
-        return item.input
-    return next((t.content for t in item.turns if t.role == "user"), None)
 
 
 async def evaluate(
@@ -354,31 +354,27 @@ async def evaluate(
     if all(now):
         immediate = cast("list[JudgeFreeMetric]", chosen)
 
-        def score_slice(start: int) -> int:
-            """Score items from ``start`` for about ``_SLICE_S``; the next index."""
-            deadline = time.perf_counter() + _SLICE_S
-            index = start
-            with _gc_paused():
-                while index < len(todo):
-                    item = todo[index]
-                    scored = (
-                        [m.measure_now(item) for m in immediate]
-                        if isinstance(item, RAGCase)
-                        else []
-                    )
-                    done = _item_result(index, item, line_of(index), scored)
-                    results[index] = done
-                    if on_item is not None:
-                        on_item(done)
-                    index += 1
-                    if index & 63 == 0 and time.perf_counter() > deadline:
-                        break
-            return index
+        def score_chunk(start: int) -> int:
+            """Score ``_CHUNK`` items from ``start``, metric by metric; the next index."""
+            chunk = todo[start : start + _CHUNK]
+            cases = [item for item in chunk if isinstance(item, RAGCase)]
+            per_metric = [iter(m.measure_many(cases)) for m in immediate]
+            for index, item in enumerate(chunk, start):
+                scored = [next(r) for r in per_metric] if isinstance(item, RAGCase) else []
+                done = _item_result(index, item, line_of(index), scored)
+                results[index] = done
+                if on_item is not None:
+                    on_item(done)
+            return start + len(chunk)
 
-        next_index = score_slice(0)
-        while next_index < len(todo):
-            await asyncio.sleep(0)  # let the loop serve I/O between slices
-            next_index = score_slice(next_index)
+        with _gc_paused():
+            deadline = time.perf_counter() + _SLICE_S
+            next_index = 0
+            while next_index < len(todo):
+                if time.perf_counter() > deadline:
+                    await asyncio.sleep(0)  # let the loop serve I/O between slices
+                    deadline = time.perf_counter() + _SLICE_S
+                next_index = score_chunk(next_index)
     else:
         queue = iter(range(len(todo)))
 

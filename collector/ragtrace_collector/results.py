@@ -27,7 +27,7 @@ def trusted(cls: type[M], values: dict[str, Any]) -> M:
     _set(obj, "__dict__", values)
     # Every field is set, so one shared set serves all instances: pydantic only ever
     # adds a field name to it (on assignment), which changes nothing here.
-    _set(obj, "__pydantic_fields_set__", _all_fields(cls))
+    _set(obj, "__pydantic_fields_set__", _FIELD_SETS.get(cls) or _all_fields(cls))
     _set(obj, "__pydantic_extra__", None)
     _set(obj, "__pydantic_private__", None)
     return obj

@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -286,38 +286,49 @@ class MetricBase(abc.ABC):
     def _build(
         self, outcome: Outcome, cost: Cost, judge_name: str, heuristic: bool
     ) -> MetricResult:
-        reason = outcome.reason
-        if heuristic and not reason.startswith(HEURISTIC_PREFIX):
-            reason = HEURISTIC_PREFIX + reason
-        details = outcome.details
-        score = outcome.score
-        passed: bool | None = None
+        return self._builder(cost, judge_name, heuristic)(
+            outcome.score, outcome.reason, outcome.details
+        )
+
+    def _builder(
+        self, cost: Cost, judge_name: str, heuristic: bool
+    ) -> Callable[[float | None, str, dict[str, Any]], MetricResult]:
+        """A function from (score, reason, details) to this metric's result, with the
+        per-metric values looked up once (batches build thousands of results)."""
+        name = self.name
         threshold = self.threshold
         strict = self.options.strict
-        if score is not None:
-            score = min(1.0, max(0.0, float(score)))
-            if strict and score < 1.0:
-                details = {**details, "unstrict_score": score}
-                score = 0.0
-            passed = score >= threshold
-        # Every value below has its declared type: no validation needed (results.trusted).
-        return trusted(
-            MetricResult,
-            {
-                "metric": self.name,
-                "score": score,
-                "reason": reason,
-                "threshold": threshold,
-                "strict": strict,
-                "passed": passed,
-                "skipped": score is None,
-                "error": None,
-                "details": details,
-                "cost": cost,
-                "judge": judge_name,
-                "heuristic": heuristic,
-            },
-        )
+
+        def build(score: float | None, reason: str, details: dict[str, Any]) -> MetricResult:
+            if heuristic and not reason.startswith(HEURISTIC_PREFIX):
+                reason = HEURISTIC_PREFIX + reason
+            passed: bool | None = None
+            if score is not None:
+                score = min(1.0, max(0.0, float(score)))
+                if strict and score < 1.0:
+                    details = {**details, "unstrict_score": score}
+                    score = 0.0
+                passed = score >= threshold
+            # Every value has its declared type: no validation needed (results.trusted).
+            return trusted(
+                MetricResult,
+                {
+                    "metric": name,
+                    "score": score,
+                    "reason": reason,
+                    "threshold": threshold,
+                    "strict": strict,
+                    "passed": passed,
+                    "skipped": score is None,
+                    "error": None,
+                    "details": details,
+                    "cost": cost,
+                    "judge": judge_name,
+                    "heuristic": heuristic,
+                },
+            )
+
+        return build
 
     def error_result(
         self, error: str, run: Run, details: dict[str, Any] | None = None
@@ -360,14 +371,28 @@ class JudgeFreeMetric(MetricBase):
 
     def measure_now(self, case: RAGCase) -> MetricResult:
         """The result for ``case`` (never raises: a bug becomes an error result)."""
-        missing = self.missing_inputs(case)
-        if missing is not None:
-            return self._build(Outcome.skip(missing), Cost.none(), "none", False)
-        try:
-            outcome = self._score_now(case)
-        except Exception as exc:  # a bug must not stop the other metrics
-            return self.error_result(f"internal: {type(exc).__name__}: {exc}", Run(None))
-        return self._build(outcome, Cost.none(), "none", False)
+        return self.measure_many((case,))[0]
+
+    def measure_many(self, cases: Iterable[RAGCase]) -> list[MetricResult]:
+        """The results of ``cases``, in order; what is the same for every case is
+        looked up once."""
+        build = self._builder(Cost.none(), "none", False)
+        missing_inputs = self.missing_inputs
+        score_now = self._score_now
+        out: list[MetricResult] = []
+        for case in cases:
+            missing = missing_inputs(case)
+            if missing is not None:
+                out.append(build(None, missing, {}))
+                continue
+            try:
+                outcome = score_now(case)
+            except Exception as exc:  # a bug must not stop the other metrics
+                error = f"internal: {type(exc).__name__}: {exc}"
+                out.append(self.error_result(error, Run(None)))
+                continue
+            out.append(build(outcome.score, outcome.reason, outcome.details))
+        return out
 
 
 # ------------------------------------------------------------------- helpers
