@@ -43,7 +43,7 @@ from ragtrace_collector.evaluate import evaluate
 from ragtrace_collector.loaders import parse_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nonllm_recall import _text  # the same ~200-character texts
+from nonllm_recall import contexts  # the same ~200-character texts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,13 +71,11 @@ def samples(n: int, seed: int = 11) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
-        retrieved = [_text(rng) for _ in range(5)]
-        near = retrieved[rng.randrange(5)]
-        cut = rng.randrange(20, 60)
+        retrieved, reference = contexts(rng)
         rows.append(
             {
                 "retrieved_contexts": retrieved,
-                "reference_contexts": [near[cut:] + near[:cut], _text(rng)],
+                "reference_contexts": reference,
                 "retrieved_context_ids": rng.sample([f"d{i}" for i in range(20)], 5),
                 "reference_context_ids": rng.sample([f"d{i}" for i in range(20)], 3),
             }
