@@ -40,15 +40,19 @@ def _text(rng: random.Random, length: int = 200) -> str:
     return " ".join(words)[:length]
 
 
+def contexts(rng: random.Random) -> tuple[list[str], list[str]]:
+    """5 retrieved contexts; 2 references: one close to a retrieved context, one unrelated."""
+    retrieved = [_text(rng) for _ in range(5)]
+    near = retrieved[rng.randrange(5)]
+    cut = rng.randrange(20, 60)
+    return retrieved, [near[cut:] + near[:cut], _text(rng)]
+
+
 def _cases(n: int, seed: int = 7) -> list[RAGCase]:
     rng = random.Random(seed)
     cases = []
     for _ in range(n):
-        retrieved = [_text(rng) for _ in range(5)]
-        # one reference close to a retrieved context, one unrelated
-        near = retrieved[rng.randrange(5)]
-        cut = rng.randrange(20, 60)
-        reference = [near[cut:] + near[:cut], _text(rng)]
+        retrieved, reference = contexts(rng)
         cases.append(
             RAGCase(
                 retrieval_context=[ContextItem(content=t) for t in retrieved],

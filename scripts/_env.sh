@@ -1,6 +1,6 @@
 # Shared setup for scripts/test.sh and scripts/demo.sh.  Source it; do not run it.
 # Creates (or reuses) the project venv from uv.lock, with hashes checked (ensure_venv),
-# and the Arize Phoenix venv (ensure_phoenix).
+# and the pinned venvs of Arize Phoenix (ensure_phoenix) and Ragas (ensure_ragas).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,21 +46,33 @@ ensure_venv() {
   export PATH="$ROOT/.venv/bin:$PATH"
 }
 
-ensure_phoenix() {
-  # Arize Phoenix (a tracing UI: the tests and `demo.sh --phoenix` export to it) lives in
-  # its own venv, pinned with hashes in tools/phoenix.lock.txt; reinstalled only when the
-  # lock file changes.  Needs no root.
+_pinned_venv() {
+  # _pinned_venv DIR LOCK LABEL: a venv at $ROOT/DIR holding exactly the hash-pinned
+  # requirements of $ROOT/LOCK; reinstalled only when the lock file changes.  Needs no root.
   ensure_uv
-  local phx="$ROOT/.venv-phoenix"
-  local stamp="$phx/.lock-sha"
+  local venv="$ROOT/$1" lock="$ROOT/$2"
+  local stamp="$venv/.lock-sha"
   local want
-  want="$(sha256sum "$ROOT/tools/phoenix.lock.txt" | cut -d' ' -f1)"
+  want="$(sha256sum "$lock" | cut -d' ' -f1)"
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    _log "installing Arize Phoenix into .venv-phoenix"
-    rm -rf "$phx"
-    "$UV" venv --quiet --python "$(_python)" "$phx"
-    VIRTUAL_ENV="$phx" "$UV" pip install --quiet --require-hashes -r "$ROOT/tools/phoenix.lock.txt"
+    _log "installing $3 into $1"
+    rm -rf "$venv"
+    "$UV" venv --quiet --python "$(_python)" "$venv"
+    VIRTUAL_ENV="$venv" "$UV" pip install --quiet --require-hashes -r "$lock"
     echo "$want" > "$stamp"
   fi
-  export RAGTRACE_PHOENIX_PYTHON="$phx/bin/python"
+}
+
+ensure_phoenix() {
+  # Arize Phoenix (a tracing UI: the tests and `demo.sh --phoenix` export to it) lives in
+  # its own venv, pinned with hashes in tools/phoenix.lock.txt.
+  _pinned_venv .venv-phoenix tools/phoenix.lock.txt "Arize Phoenix"
+  export RAGTRACE_PHOENIX_PYTHON="$ROOT/.venv-phoenix/bin/python"
+}
+
+ensure_ragas() {
+  # Ragas, the baseline of benchmarks/nonllm_vs_ragas.py, in its own venv pinned with
+  # hashes in tools/ragas.lock.txt, so that it never enters the project's uv.lock.
+  _pinned_venv .venv-ragas tools/ragas.lock.txt "Ragas"
+  export RAGTRACE_RAGAS_PYTHON="$ROOT/.venv-ragas/bin/python"
 }

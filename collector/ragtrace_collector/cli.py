@@ -33,8 +33,15 @@ def _key_value(text: str) -> tuple[str, Any]:
         return key.strip(), value
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     from ragtrace_collector import __version__
+
+    eval_epilog = None
+    if argv is not None and "eval" in argv:
+        # Only `eval` pays for importing the metric and field names its help lists.
+        from ragtrace_collector.eval_cli import epilog
+
+        eval_epilog = epilog()
 
     parser = argparse.ArgumentParser(
         prog="ragtrace-collector",
@@ -82,8 +89,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("config", type=Path, help="the collector.yaml to check")
 
-    ev = sub.add_parser("eval", help="evaluate a dataset offline (JSON or JSONL)")
-    ev.add_argument("data", type=Path, help="cases or conversations, JSONL or JSON")
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate a dataset offline (JSONL, JSON, CSV or Parquet)",
+        description="Score a dataset of RAG cases and conversations with ragtrace's metrics,\n"
+        "offline, and gate CI on the scores.",
+        epilog=eval_epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ev.add_argument("data", type=Path, help="cases or conversations: JSONL, JSON, CSV or Parquet")
     ev.add_argument(
         "--metrics", default=None, help="comma-separated metric names (default: all that apply)"
     )
@@ -100,6 +114,32 @@ def _parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print the summary as JSON instead of a table"
     )
     ev.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    ev.add_argument(
+        "--format",
+        choices=("jsonl", "json", "csv", "parquet"),
+        default=None,
+        help="the data's format (default: from the file name)",
+    )
+    ev.add_argument(
+        "--fail-under",
+        action="append",
+        metavar="[METRIC=]VALUE",
+        default=None,
+        help="quality gate: exit 3 when a metric's mean is under VALUE (every metric), or "
+        "METRIC's mean under VALUE; repeatable",
+    )
+    ev.add_argument(
+        "--fail-on-case-failure",
+        action="store_true",
+        help="quality gate: exit 3 when any case fails its metric's own threshold",
+    )
+    ev.add_argument(
+        "--max-row-size",
+        type=int,
+        default=1_000_000,
+        metavar="CHARS",
+        help="skip (as a bad row) any row with more characters of text (default 1000000)",
+    )
 
     from ragtrace_collector.replay import add_arguments as replay_arguments
 
@@ -112,7 +152,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser(argv).parse_args(argv)
     if args.command == "serve":
         from ragtrace_collector.server import serve_command
 

@@ -2,6 +2,7 @@
 
 >>> report = await evaluate(cases, ["contextual_recall", "id_context_recall"], judge)
 >>> report = evaluate_file("cases.jsonl", metrics=["contextual_recall"])  # sync
+>>> report = evaluate_rows(datasets.load_from_disk("eval"), metrics="id_context_recall")
 
 Cases run concurrently (``concurrency`` items in flight; each item's metrics run
 together).  Judge calls are further bounded by the judge itself.  Per-metric summary:
@@ -12,28 +13,37 @@ pass rate over scored results, skipped and error counts, judge calls, tokens, co
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragtrace_collector.cases import Conversation, RAGCase
 from ragtrace_collector.judges.base import Judge
-from ragtrace_collector.loaders import RowError, load_dataset
+from ragtrace_collector.loaders import (
+    DEFAULT_MAX_ROW_SIZE,
+    LoadResult,
+    RowError,
+    load_dataset,
+    load_rows,
+)
 from ragtrace_collector.metrics import (
     METRIC_NAMES,
     OFFLINE_METRICS,
     ConversationMetric,
+    JudgeFreeMetric,
     Metric,
     MetricOptions,
     build_metrics,
     parse_metric_names,
 )
-from ragtrace_collector.results import Cost, MetricResult
+from ragtrace_collector.results import Cost, MetricResult, trusted
 
 __all__ = [
     "EvalReport",
@@ -42,6 +52,7 @@ __all__ = [
     "applicable_metrics",
     "evaluate",
     "evaluate_file",
+    "evaluate_rows",
     "summarise",
 ]
 
@@ -57,6 +68,8 @@ class ItemResult(BaseModel):
     case_id: str | None
     kind: Literal["case", "conversation"]
     line: int | None = None
+    #: The case's input (a conversation's first user turn), to read results by.
+    input: str | None = None
     results: list[MetricResult] = Field(default_factory=list)
 
     def result(self, metric: str) -> MetricResult | None:
@@ -67,6 +80,8 @@ class ItemResult(BaseModel):
         out: dict[str, Any] = {"case_id": self.case_id, "kind": self.kind}
         if self.line is not None:
             out["line"] = self.line
+        if self.input is not None:
+            out["input"] = self.input
         out["results"] = {
             r.metric: r.model_dump(mode="json", exclude={"metric"}) for r in self.results
         }
@@ -104,6 +119,14 @@ class EvalReport(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     elapsed_s: float = 0.0
 
+    def __repr__(self) -> str:
+        # Short: asyncio.run() formats the main task (and so its result) when it
+        # restores the SIGINT handler, and a full repr of 10k items costs seconds.
+        return (
+            f"EvalReport(judge={self.judge!r}, metrics={self.metrics!r}, "
+            f"items={len(self.items)}, row_errors={len(self.row_errors)})"
+        )
+
     @property
     def cost(self) -> Cost:
         total = Cost()
@@ -123,47 +146,75 @@ class EvalReport(BaseModel):
             "judge": self.judge,
             "items": len(self.items),
             "row_errors": [str(e) for e in self.row_errors],
+            "warnings": list(self.warnings),
             "elapsed_s": round(self.elapsed_s, 3),
             "cost": cost.model_dump(mode="json"),
             "metrics": {k: v.model_dump(mode="json") for k, v in self.summary.items()},
         }
 
 
+class _Tally:
+    """A metric's running counts while :func:`summarise` reads the results."""
+
+    __slots__ = ("counts", "heuristic", "scores", "usd")
+
+    def __init__(self) -> None:
+        # count, passed, failed, skipped, errors, calls, cached, prompt, completion
+        self.counts = [0] * 9
+        self.scores: list[float] = []
+        self.usd: float | None = 0.0
+        self.heuristic = False
+
+    def summary(self, metric: str) -> MetricSummary:
+        count, passed, failed, skipped, errors, calls, cached, prompt, completion = self.counts
+        scored = len(self.scores)
+        return MetricSummary(
+            metric=metric,
+            count=count,
+            scored=scored,
+            mean=math.fsum(self.scores) / scored if scored else None,
+            passed=passed,
+            failed=failed,
+            pass_rate=passed / scored if scored else None,
+            skipped=skipped,
+            errors=errors,
+            calls=calls,
+            cached_calls=cached,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cost_usd=self.usd,
+            heuristic=self.heuristic,
+        )
+
+
 def summarise(metrics: Sequence[str], items: Iterable[ItemResult]) -> dict[str, MetricSummary]:
     """Per-metric summary: mean and pass rate over scored results only."""
-    out = {m: MetricSummary(metric=m) for m in metrics}
-    sums: dict[str, list[float]] = {m: [] for m in metrics}
-    costs: dict[str, Cost] = {m: Cost() for m in metrics}
+    tallies = {m: _Tally() for m in metrics}
     for item in items:
         for r in item.results:
-            s = out.setdefault(r.metric, MetricSummary(metric=r.metric))
-            sums.setdefault(r.metric, [])
-            s.count += 1
-            s.heuristic = s.heuristic or r.heuristic
-            costs[r.metric] = costs.get(r.metric, Cost()) + r.cost
-            outcome = r.outcome
-            if outcome == "error":
-                s.errors += 1
-            elif outcome == "skipped":
-                s.skipped += 1
+            tally = tallies.get(r.metric)
+            if tally is None:
+                tally = tallies[r.metric] = _Tally()
+            counts = tally.counts
+            counts[0] += 1
+            if r.heuristic:
+                tally.heuristic = True
+            c = r.cost
+            if c.calls or c.cached_calls or c.prompt_tokens or c.completion_tokens or c.usd != 0:
+                counts[5] += c.calls
+                counts[6] += c.cached_calls
+                counts[7] += c.prompt_tokens
+                counts[8] += c.completion_tokens
+                spent = tally.usd
+                tally.usd = None if spent is None or c.usd is None else spent + c.usd
+            if r.error is not None:
+                counts[4] += 1
+            elif r.skipped or r.score is None:
+                counts[3] += 1
             else:
-                assert r.score is not None
-                sums[r.metric].append(r.score)
-                if outcome == "passed":
-                    s.passed += 1
-                else:
-                    s.failed += 1
-    for m, s in out.items():
-        scores = sums.get(m, [])
-        s.scored = len(scores)
-        if scores:
-            s.mean = math.fsum(scores) / len(scores)
-            s.pass_rate = s.passed / len(scores)
-        c = costs.get(m, Cost())
-        s.calls, s.cached_calls = c.calls, c.cached_calls
-        s.prompt_tokens, s.completion_tokens = c.prompt_tokens, c.completion_tokens
-        s.cost_usd = c.usd
-    return out
+                tally.scores.append(r.score)
+                counts[1 if r.passed else 2] += 1
+    return {m: t.summary(m) for m, t in tallies.items()}
 
 
 def _resolve_metrics(
@@ -223,6 +274,53 @@ async def _measure(metric: Metric, item: Item, judge: Judge | None) -> MetricRes
         )
 
 
+#: How long ``evaluate()`` scores judge-free metrics before it lets the loop run, and
+#: how many items it scores between two looks at the clock.
+_SLICE_S = 0.02
+_CHUNK = 64
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a judge-free batch (seconds for 10k cases).
+
+    The batch allocates many small result objects that hold no reference cycles; with
+    the collector on, the allocations make it traverse the live objects (the dataset
+    included) again and again, which cost more than the scoring.  Reference counting
+    still frees everything; the collector runs again after the batch.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _item_result(
+    index: int, item: Item, line: int | None, results: list[MetricResult]
+) -> ItemResult:
+    # Every value is of its declared type, and the results are validated already.
+    if isinstance(item, RAGCase):
+        kind, text = "case", item.input
+    else:
+        kind = "conversation"
+        text = next((t.content for t in item.turns if t.role == "user"), None)
+    return trusted(
+        ItemResult,
+        {
+            "index": index,
+            "case_id": item.case_id,
+            "kind": kind,
+            "line": line,
+            "input": text,
+            "results": results,
+        },
+    )
+
+
 async def evaluate(
     items: Iterable[Item],
     metrics: Sequence[Metric | str] | None,
@@ -236,36 +334,66 @@ async def evaluate(
 ) -> EvalReport:
     """Evaluate ``items`` with ``metrics`` (instances or names; None: the default
     set) using ``judge``.  Case metrics run on cases, conversation metrics on
-    conversations.  ``on_item`` is called as each item finishes (progress bars)."""
+    conversations.  ``on_item`` is called as each item finishes (progress bars).
+
+    Judge-free metrics (:class:`JudgeFreeMetric`) are scored synchronously, with no
+    task per case; when every metric is judge-free, the whole batch runs in one
+    pass that yields to the event loop every few milliseconds.
+    """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     started = time.perf_counter()
     todo = list(items)
     chosen = _resolve_metrics(metrics, judge=judge, options=options, defaults=defaults)
+    now = [isinstance(m, JudgeFreeMetric) and m.kind == "case" for m in chosen]
     results: list[ItemResult | None] = [None] * len(todo)
-    queue = iter(range(len(todo)))
 
-    async def worker() -> None:
-        for index in queue:
-            item = todo[index]
-            measured = await asyncio.gather(*(_measure(m, item, judge) for m in chosen))
-            done = ItemResult(
-                index=index,
-                case_id=item.case_id,
-                kind="conversation" if isinstance(item, Conversation) else "case",
-                line=lines[index] if lines is not None and index < len(lines) else None,
-                results=[r for r in measured if r is not None],
-            )
-            results[index] = done
-            if on_item is not None:
-                on_item(done)
+    def line_of(index: int) -> int | None:
+        return lines[index] if lines is not None and index < len(lines) else None
 
-    workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(todo)))]
-    try:
-        await asyncio.gather(*workers)
-    finally:
-        for w in workers:
-            w.cancel()
+    if all(now):
+        immediate = cast("list[JudgeFreeMetric]", chosen)
+
+        def score_chunk(start: int) -> int:
+            """Score ``_CHUNK`` items from ``start``, metric by metric; the next index."""
+            chunk = todo[start : start + _CHUNK]
+            cases = [item for item in chunk if isinstance(item, RAGCase)]
+            per_metric = [iter(m.measure_many(cases)) for m in immediate]
+            for index, item in enumerate(chunk, start):
+                scored = [next(r) for r in per_metric] if isinstance(item, RAGCase) else []
+                done = _item_result(index, item, line_of(index), scored)
+                results[index] = done
+                if on_item is not None:
+                    on_item(done)
+            return start + len(chunk)
+
+        with _gc_paused():
+            deadline = time.perf_counter() + _SLICE_S
+            next_index = 0
+            while next_index < len(todo):
+                if time.perf_counter() > deadline:
+                    await asyncio.sleep(0)  # let the loop serve I/O between slices
+                    deadline = time.perf_counter() + _SLICE_S
+                next_index = score_chunk(next_index)
+    else:
+        queue = iter(range(len(todo)))
+
+        async def worker() -> None:
+            for index in queue:
+                item = todo[index]
+                done = _item_result(
+                    index, item, line_of(index), await _measure_item(chosen, now, item, judge)
+                )
+                results[index] = done
+                if on_item is not None:
+                    on_item(done)
+
+        workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(todo)))]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for w in workers:
+                w.cancel()
     finished = [r for r in results if r is not None]
     names = [m.name for m in chosen]
     return EvalReport(
@@ -275,6 +403,29 @@ async def evaluate(
         summary=summarise(names, finished),
         elapsed_s=time.perf_counter() - started,
     )
+
+
+async def _measure_item(
+    chosen: Sequence[Metric], now: Sequence[bool], item: Item, judge: Judge | None
+) -> list[MetricResult]:
+    """One item's results, in metric order: judge-free ones synchronously, the others
+    concurrently."""
+    slots: list[MetricResult | None] = []
+    pending: list[tuple[int, Coroutine[Any, Any, MetricResult | None]]] = []
+    for metric, immediate in zip(chosen, now, strict=True):
+        if immediate:
+            if isinstance(item, RAGCase):
+                slots.append(cast("JudgeFreeMetric", metric).measure_now(item))
+            continue
+        pending.append((len(slots), _measure(metric, item, judge)))
+        slots.append(None)
+    if len(pending) == 1:
+        slots[pending[0][0]] = await pending[0][1]
+    elif pending:
+        measured = await asyncio.gather(*(c for _, c in pending))
+        for (slot, _), result in zip(pending, measured, strict=True):
+            slots[slot] = result
+    return [r for r in slots if r is not None]
 
 
 def _run_sync(coro_factory: Callable[[], Any]) -> Any:
@@ -309,15 +460,55 @@ def evaluate_file(
     options: Mapping[str, MetricOptions | Mapping[str, Any]] | None = None,
     judge: Judge | None = None,
     only_applicable: bool | None = None,
+    format: str | None = None,
+    max_row_size: int | None = DEFAULT_MAX_ROW_SIZE,
 ) -> EvalReport:
-    """Load ``path`` and evaluate it (synchronous; for notebooks and CI).
+    """Load ``path`` (JSONL, JSON, CSV or Parquet) and evaluate it (synchronous; for
+    notebooks and CI).
 
     ``metrics``: names (list or comma-separated) or instances; None means the
     default set restricted to the metrics the data can feed.  ``model`` is
     ``"offline"`` or a litellm model string (ignored when ``judge`` is given).
-    Bad rows do not stop the evaluation: they are in ``report.row_errors``.
+    Bad rows (and rows over ``max_row_size`` characters) do not stop the evaluation:
+    they are in ``report.row_errors``.
     """
-    loaded = load_dataset(path)
+    loaded = load_dataset(path, format=format, max_row_size=max_row_size)
+    return _evaluate_loaded(
+        loaded, metrics, model, concurrency, threshold, options, judge, only_applicable
+    )
+
+
+def evaluate_rows(
+    rows: Iterable[Mapping[str, Any]],
+    metrics: Sequence[Metric | str] | str | None = None,
+    model: str = "offline",
+    *,
+    concurrency: int = 8,
+    threshold: float | None = None,
+    options: Mapping[str, MetricOptions | Mapping[str, Any]] | None = None,
+    judge: Judge | None = None,
+    only_applicable: bool | None = None,
+    max_row_size: int | None = DEFAULT_MAX_ROW_SIZE,
+) -> EvalReport:
+    """:func:`evaluate_file` for rows already in memory: a Hugging Face
+    ``datasets.Dataset`` (its rows are mappings), ``DataFrame.to_dict("records")`` or a
+    list of dicts, with the field names of the files.  Rows are numbered from 1."""
+    loaded = load_rows(rows, max_row_size=max_row_size)
+    return _evaluate_loaded(
+        loaded, metrics, model, concurrency, threshold, options, judge, only_applicable
+    )
+
+
+def _evaluate_loaded(
+    loaded: LoadResult,
+    metrics: Sequence[Metric | str] | str | None,
+    model: str,
+    concurrency: int,
+    threshold: float | None,
+    options: Mapping[str, MetricOptions | Mapping[str, Any]] | None,
+    judge: Judge | None,
+    only_applicable: bool | None,
+) -> EvalReport:
     if isinstance(metrics, str):
         metrics = parse_metric_names(metrics)
     if judge is None:
@@ -333,7 +524,7 @@ def evaluate_file(
         lambda: evaluate(loaded.items, chosen, judge, concurrency, lines=loaded.lines)
     )
     report.row_errors = list(loaded.errors)
-    report.warnings = list(loaded.warnings)
+    report.warnings = loaded.grouped_warnings()
     return report
 
 

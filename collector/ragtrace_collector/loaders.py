@@ -1,9 +1,23 @@
-"""Dataset loaders: JSONL or JSON files of cases and conversations.
+"""Dataset loaders: JSONL, JSON, CSV or Parquet files of cases and conversations, or
+any iterable of row mappings (a Hugging Face ``datasets.Dataset``, pandas records).
 
 Accepted shapes:
 
 * JSONL: one object per line (blank lines ignored);
-* JSON: a list of objects, an object ``{"cases": [...]}``, or a single case object.
+* JSON: a list of objects, an object ``{"cases": [...]}``, or a single case object;
+* CSV: a header row of field names, one row per case; list fields (contexts, ids,
+  turns) hold JSON in their cell (``["first context", "second"]``); an empty cell is
+  an absent field;
+* Parquet: one row per case, list fields as list columns (needs ``pyarrow``:
+  ``pip install pyarrow``);
+* rows: :func:`load_rows` takes mappings, e.g. ``datasets.Dataset`` rows.
+
+The format comes from the file name (``.jsonl``/``.ndjson``, ``.json``, ``.csv``,
+``.parquet``/``.pq``); other names are sniffed as JSON or JSONL, and anything else is
+an unsupported format (:class:`DatasetError`).  An empty file is an error too.
+
+A row holding more than ``max_row_size`` characters of text (default 1,000,000) is
+reported as a bad row and skipped, so that one huge context cannot stall a run.
 
 Field names, DeepEval style or Ragas style (mixing is fine, a conflict is an error):
 
@@ -28,15 +42,17 @@ messages) is a :class:`Conversation`: turns have ``role`` (``user`` / ``assistan
 assistant turns, ``retrieval_context`` (DeepEval) or ``retrieved_contexts``; its
 outcome is ``expected_outcome`` (DeepEval) or ``reference`` (Ragas).
 
-A bad row becomes a :class:`RowError` naming its line and field; the other rows load.
-Unknown fields are ignored with a warning (with a did-you-mean).
+A bad row becomes a :class:`RowError` naming its line (or row) and field; the other
+rows load.  Unknown fields are ignored with a warning (with a did-you-mean).
 """
 
 from __future__ import annotations
 
+import csv
 import difflib
+import io
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,13 +62,33 @@ from pydantic import ValidationError
 from ragtrace_collector.cases import ContextItem, Conversation, RAGCase, Turn, id_text
 
 __all__ = [
+    "DEFAULT_MAX_ROW_SIZE",
+    "FORMATS",
     "DatasetError",
     "LoadResult",
     "RowError",
+    "accepted_fields",
     "load_dataset",
+    "load_rows",
+    "parse_csv",
     "parse_row",
     "parse_text",
 ]
+
+#: Rows holding more characters of text than this are skipped as bad rows.
+DEFAULT_MAX_ROW_SIZE = 1_000_000
+
+#: The file formats :func:`load_dataset` reads.
+FORMATS = ("jsonl", "json", "csv", "parquet")
+
+_SUFFIXES = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 
 Item = RAGCase | Conversation
 
@@ -109,20 +145,30 @@ _IGNORED_ROLES = frozenset({"system", "tool", "function", "developer"})
 _CONTENT_KEYS = ("content", "text", "page_content")
 
 
+def accepted_fields() -> dict[str, tuple[str, ...]]:
+    """Each field of a case or conversation and the names a row may give it by."""
+    return {**_CASE_FIELDS, **{k: v for k, v in _CONVERSATION_FIELDS.items() if k != "case_id"}}
+
+
 class DatasetError(Exception):
     """The file as a whole cannot be read (missing, unreadable, not JSON at all)."""
 
 
 @dataclass(frozen=True)
 class RowError:
-    """One bad row: where it is and what is wrong."""
+    """One bad row: where it is and what is wrong, and what could be read of it."""
 
     line: int
     field: str | None
     message: str
+    #: "line" (JSON, JSONL, CSV: the line the row starts on) or "row" (Parquet, rows).
+    unit: str = "line"
+    case_id: str | None = None
+    #: The row's input text, when it has one that is a string.
+    input: str | None = None
 
     def __str__(self) -> str:
-        where = f"line {self.line}"
+        where = f"{self.unit} {self.line}"
         if self.field:
             where += f", field {self.field!r}"
         return f"{where}: {self.message}"
@@ -136,6 +182,19 @@ class LoadResult:
     lines: list[int] = field(default_factory=list)
     errors: list[RowError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: Each distinct warning and the lines (or rows) it was given for.
+    warning_lines: dict[str, list[int]] = field(default_factory=dict)
+    unit: str = "line"
+
+    def grouped_warnings(self, shown: int = 5) -> list[str]:
+        """One line per distinct warning: ``"unknown field 'x' ignored (lines 1, 2, 3)"``."""
+        out = []
+        for message, where in self.warning_lines.items():
+            head = ", ".join(str(n) for n in where[:shown])
+            more = f" and {len(where) - shown} more" if len(where) > shown else ""
+            unit = self.unit if len(where) == 1 else self.unit + "s"
+            out.append(f"{message} ({unit} {head}{more})")
+        return out
 
     @property
     def cases(self) -> list[RAGCase]:
@@ -154,32 +213,143 @@ class _RowProblem(ValueError):
 
 
 # --------------------------------------------------------------- file level
-def load_dataset(path: str | Path) -> LoadResult:
-    """Load ``path`` (``.jsonl``/``.ndjson`` as JSON lines, ``.json`` as JSON, other
-    extensions sniffed).  Raises :class:`DatasetError` only when nothing can be read."""
+def load_dataset(
+    path: str | Path,
+    *,
+    format: str | None = None,
+    max_row_size: int | None = DEFAULT_MAX_ROW_SIZE,
+) -> LoadResult:
+    """Load ``path`` as ``format`` (one of :data:`FORMATS`; None: from the file name,
+    else sniffed).  Raises :class:`DatasetError` when nothing can be read: a missing,
+    empty or unreadable file, an unsupported format, a file with no rows."""
     p = Path(path)
     if not p.exists():
         raise DatasetError(f"{p}: no such file")
     if p.is_dir():
         raise DatasetError(f"{p}: is a directory, expected a JSON or JSONL file")
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{p}: cannot read: {exc}") from None
-    suffix = p.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        style = "jsonl"
-    elif suffix == ".json":
-        style = "json"
+    if format is not None and format not in FORMATS:
+        raise DatasetError(f"unsupported format {format!r}: expected one of {', '.join(FORMATS)}")
+    style = format or _SUFFIXES.get(p.suffix.lower())
+    if style == "parquet":
+        result = load_rows(_parquet_rows(p), max_row_size=max_row_size)
     else:
-        style = _sniff(text)
-    return parse_text(text, style=style, source=str(p))
+        try:
+            text = p.read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DatasetError(f"{p}: cannot read: {exc}") from None
+        if not text.strip():
+            raise DatasetError(f"{p}: the file is empty")
+        if style is None:
+            style = _sniff(text, p)
+        if style == "csv":
+            result = parse_csv(text, source=str(p), max_row_size=max_row_size)
+        else:
+            result = parse_text(text, style=style, source=str(p), max_row_size=max_row_size)
+    if not result.items and not result.errors:
+        raise DatasetError(f"{p}: no rows")
+    return result
 
 
-def _sniff(text: str) -> str:
+def load_rows(
+    rows: Iterable[Mapping[str, Any]], *, max_row_size: int | None = DEFAULT_MAX_ROW_SIZE
+) -> LoadResult:
+    """Rows already parsed (a ``datasets.Dataset``, ``DataFrame.to_dict("records")``,
+    Parquet rows), numbered from 1 as "row N", with the field names of files."""
+    result = LoadResult(unit="row")
+    for number, row in enumerate(rows, start=1):
+        _add_row(result, number, row, max_row_size)
+    return result
+
+
+def _parquet_rows(path: Path) -> list[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]  # optional
+    except ImportError:
+        raise DatasetError(
+            f"{path}: reading Parquet needs pyarrow, which is not installed (pip install pyarrow)"
+        ) from None
+    try:
+        rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises its own error types for bad files
+        raise DatasetError(f"{path}: cannot read as Parquet: {exc}") from None
+    return rows
+
+
+def parse_csv(
+    text: str, *, source: str = "<data>", max_row_size: int | None = DEFAULT_MAX_ROW_SIZE
+) -> LoadResult:
+    """CSV with a header row of field names; list fields hold JSON in their cell."""
+    result = LoadResult()
+    # A long context is a long cell: csv's default cap (131,072 characters) would stop
+    # the whole file; the row size guard below is the limit that applies.
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if not reader.fieldnames:
+        raise DatasetError(f"{source}: no header row")
+    try:
+        for record in reader:
+            # The line the record starts on: its last line less the line breaks in cells.
+            line = reader.line_num - sum(
+                v.count("\n") for v in record.values() if isinstance(v, str)
+            )
+            if None in record:
+                result.errors.append(RowError(line, None, "more cells than the header has columns"))
+                continue
+            try:
+                row = {k: _csv_cell(k, v) for k, v in record.items() if v}
+            except _RowProblem as exc:
+                case_id, given = _identity(record)
+                result.errors.append(RowError(line, exc.field, exc.message, "line", case_id, given))
+                continue
+            _add_row(result, line, row, max_row_size)
+    except csv.Error as exc:
+        result.errors.append(
+            RowError(reader.line_num, None, f"invalid CSV, reading stopped: {exc}")
+        )
+    return result
+
+
+# CSV cells that hold JSON: the list fields of cases and the turns of conversations
+# (a Ragas ``user_input`` cell too, when it holds a JSON list of messages).
+_JSON_CELLS = frozenset(
+    [
+        *(
+            name
+            for canonical in (
+                "retrieval_context",
+                "reference_contexts",
+                "retrieved_context_ids",
+                "reference_context_ids",
+            )
+            for name in _CASE_FIELDS[canonical]
+        ),
+        "turns",
+        "messages",
+    ]
+)
+
+
+def _csv_cell(name: str, value: str) -> Any:
+    if name in _JSON_CELLS or (name == "user_input" and value.lstrip().startswith("[")):
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise _RowProblem(
+                name, f"expected JSON in the cell (a list), got {value[:40]!r}: {exc}"
+            ) from None
+    return value
+
+
+def _sniff(text: str, path: Path) -> str:
     stripped = text.lstrip()
     if stripped.startswith("["):
         return "json"
+    if not stripped.startswith("{"):
+        suffix = path.suffix or "(no extension)"
+        raise DatasetError(
+            f"{path}: unsupported format {suffix}: expected JSONL, JSON, CSV or Parquet "
+            "(.jsonl, .json, .csv, .parquet, or name it with --format)"
+        )
     try:
         json.loads(text)
     except ValueError:
@@ -187,12 +357,18 @@ def _sniff(text: str) -> str:
     return "json"
 
 
-def parse_text(text: str, *, style: str = "jsonl", source: str = "<data>") -> LoadResult:
+def parse_text(
+    text: str,
+    *,
+    style: str = "jsonl",
+    source: str = "<data>",
+    max_row_size: int | None = DEFAULT_MAX_ROW_SIZE,
+) -> LoadResult:
     """Parse dataset text (``style`` is ``"jsonl"`` or ``"json"``)."""
     result = LoadResult()
     rows = _jsonl_rows(text, result) if style == "jsonl" else _json_rows(text, source)
     for line, row in rows:
-        _add_row(result, line, row)
+        _add_row(result, line, row, max_row_size)
     return result
 
 
@@ -275,15 +451,48 @@ def _cases_array(
 
 
 # ---------------------------------------------------------------- row level
-def _add_row(result: LoadResult, line: int, row: Any) -> None:
+def _add_row(result: LoadResult, line: int, row: Any, max_row_size: int | None) -> None:
+    unit = result.unit
     try:
-        item, warnings = parse_row(row, default_id=f"line {line}")
+        if max_row_size is not None:
+            size = _text_size(row)
+            if size > max_row_size:
+                raise _RowProblem(
+                    None,
+                    f"{size:,} characters of text, over the limit of {max_row_size:,} "
+                    "(max_row_size, --max-row-size): skipped",
+                )
+        item, warnings = parse_row(row, default_id=f"{unit} {line}")
     except _RowProblem as exc:
-        result.errors.append(RowError(line, exc.field, exc.message))
+        case_id, text = _identity(row)
+        result.errors.append(RowError(line, exc.field, exc.message, unit, case_id, text))
         return
     result.items.append(item)
     result.lines.append(line)
-    result.warnings.extend(f"line {line}: {w}" for w in warnings)
+    for w in warnings:
+        result.warnings.append(f"{unit} {line}: {w}")
+        result.warning_lines.setdefault(w, []).append(line)
+
+
+def _text_size(value: Any) -> int:
+    """Characters of text in a parsed row (keys and string values, nested)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(len(str(k)) + _text_size(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_text_size(v) for v in value)
+    return 0
+
+
+def _identity(row: Any) -> tuple[str | None, str | None]:
+    """(case id, input text) of a bad row, as far as they can be read."""
+    if not isinstance(row, Mapping):
+        return None, None
+    raw_id = next((row[k] for k in _CASE_FIELDS["case_id"] if row.get(k) is not None), None)
+    text = next((row[k] for k in _CASE_FIELDS["input"] if isinstance(row.get(k), str)), None)
+    case_id = None if raw_id is None or isinstance(raw_id, (list, dict)) else str(raw_id)
+    return case_id, text
 
 
 def parse_row(row: Any, *, default_id: str | None = None) -> tuple[Item, list[str]]:

@@ -2,23 +2,65 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Cost", "MetricResult"]
+__all__ = ["Cost", "MetricResult", "trusted"]
+
+M = TypeVar("M", bound=BaseModel)
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def trusted(cls: type[M], values: dict[str, Any]) -> M:
+    """An instance of ``cls`` from ``values`` that are already valid, without validation.
+
+    For values this package computed itself (a metric's result, an item's list of
+    results): pydantic's validation of them costs several µs per object, which a batch
+    of 10k cases pays for nothing.  ``values`` must give every field of ``cls``, with
+    values of the declared types (the tests compare with a validated instance).
+    ``cls`` must have no private attributes and no extra fields.
+    """
+    obj = _new(cls)
+    _set(obj, "__dict__", values)
+    # Every field is set, so one shared set serves all instances: pydantic only ever
+    # adds a field name to it (on assignment), which changes nothing here.
+    _set(obj, "__pydantic_fields_set__", _FIELD_SETS.get(cls) or _all_fields(cls))
+    _set(obj, "__pydantic_extra__", None)
+    _set(obj, "__pydantic_private__", None)
+    return obj
+
+
+_FIELD_SETS: dict[type[BaseModel], set[str]] = {}
+
+
+def _all_fields(cls: type[BaseModel]) -> set[str]:
+    fields = _FIELD_SETS.get(cls)
+    if fields is None:
+        fields = _FIELD_SETS[cls] = set(cls.model_fields)
+    return fields
 
 
 class Cost(BaseModel):
-    """What a result cost.  ``usd`` is None when any contributing call had no known price."""
+    """What a result cost.  ``usd`` is None when any contributing call had no known price.
 
-    model_config = ConfigDict(extra="forbid")
+    Immutable: costs add up into new values (``a + b``), so results can share one.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     calls: int = 0
     cached_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     usd: float | None = 0.0
+
+    @classmethod
+    def none(cls) -> Cost:
+        """The zero cost (of a result that called no judge), one shared instance."""
+        return _NO_COST
 
     def __add__(self, other: Cost) -> Cost:
         usd = None if self.usd is None or other.usd is None else self.usd + other.usd
@@ -63,3 +105,6 @@ class MetricResult(BaseModel):
         if self.skipped or self.score is None:
             return "skipped"
         return "passed" if self.passed else "failed"
+
+
+_NO_COST = Cost()

@@ -112,14 +112,17 @@ def test_bad_rows_are_reported_and_the_rest_evaluates(
     assert "line 4, field 'input': expected a string, got a list" in captured.err
     assert "line 5: invalid JSON" in captured.err
     assert "2 bad row(s)" in captured.err
-    assert len(_outputs(out)) == 3  # the good rows were evaluated and written
+    rows = _outputs(out)  # the good rows were evaluated, the bad ones carry their error
+    assert [r["kind"] for r in rows] == ["case", "case", "conversation", "bad_row", "bad_row"]
+    assert rows[3]["field"] == "input"
+    assert rows[4]["error"].startswith("invalid JSON")
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["{missing}"], "no such file"),
-        (["{data}", "--metrics", "contextual_recal"], "Did you mean 'contextual_recall'"),
+        (["{data}", "--metrics", "contextual_recal"], "did you mean 'contextual_recall'"),
         (["{data}", "--model", " "], "invalid judge configuration"),
         (["{data}", "--concurrency", "0"], "concurrency"),
         (["{data}", "--config", "{config}"], "invalid options for metric"),

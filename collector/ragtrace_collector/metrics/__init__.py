@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from ragtrace_collector.metrics.base import (
     HEURISTIC_PREFIX,
     ConversationMetric,
+    JudgeFreeMetric,
     Metric,
     MetricBase,
     MetricOptions,
@@ -61,6 +62,7 @@ __all__ = [
     "OFFLINE_METRICS",
     "ConversationMetric",
     "EntityCache",
+    "JudgeFreeMetric",
     "Metric",
     "MetricOptions",
     "UnknownMetricError",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -26,11 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragtrace_collector.cases import Conversation, RAGCase
 from ragtrace_collector.judges.base import Judge, JudgeError, JudgeTask
-from ragtrace_collector.results import Cost, MetricResult
+from ragtrace_collector.results import Cost, MetricResult, trusted
 
 __all__ = [
     "HEURISTIC_PREFIX",
     "ConversationMetric",
+    "JudgeFreeMetric",
     "Metric",
     "MetricBase",
     "MetricOptions",
@@ -175,7 +176,7 @@ class Run:
 
     def __init__(self, judge: Judge | None) -> None:
         self.judge = judge
-        self.cost = Cost()
+        self.cost = Cost.none()
         self.used_judge = False
 
     async def ask(self, task: JudgeTask[R]) -> R:
@@ -282,31 +283,54 @@ class MetricBase(abc.ABC):
 
     def result(self, outcome: Outcome, run: Run) -> MetricResult:
         judge_name, heuristic = self._judge_fields(run)
-        reason = outcome.reason
-        if heuristic and not reason.startswith(HEURISTIC_PREFIX):
-            reason = HEURISTIC_PREFIX + reason
-        details = outcome.details
-        score = outcome.score
-        passed: bool | None = None
-        if score is not None:
-            score = min(1.0, max(0.0, float(score)))
-            if self.options.strict and score < 1.0:
-                details = {**details, "unstrict_score": score}
-                score = 0.0
-            passed = score >= self.threshold
-        return MetricResult(
-            metric=self.name,
-            score=score,
-            reason=reason,
-            threshold=self.threshold,
-            strict=self.options.strict,
-            passed=passed,
-            skipped=score is None,
-            details=details,
-            cost=run.cost,
-            judge=judge_name,
-            heuristic=heuristic,
+        return self._build(outcome, run.cost, judge_name, heuristic)
+
+    def _build(
+        self, outcome: Outcome, cost: Cost, judge_name: str, heuristic: bool
+    ) -> MetricResult:
+        return self._builder(cost, judge_name, heuristic)(
+            outcome.score, outcome.reason, outcome.details
         )
+
+    def _builder(
+        self, cost: Cost, judge_name: str, heuristic: bool
+    ) -> Callable[[float | None, str, dict[str, Any]], MetricResult]:
+        """A function from (score, reason, details) to this metric's result, with the
+        per-metric values looked up once (batches build thousands of results)."""
+        name = self.name
+        threshold = self.threshold
+        strict = self.options.strict
+
+        def build(score: float | None, reason: str, details: dict[str, Any]) -> MetricResult:
+            if heuristic and not reason.startswith(HEURISTIC_PREFIX):
+                reason = HEURISTIC_PREFIX + reason
+            passed: bool | None = None
+            if score is not None:
+                score = min(1.0, max(0.0, float(score)))
+                if strict and score < 1.0:
+                    details = {**details, "unstrict_score": score}
+                    score = 0.0
+                passed = score >= threshold
+            # Every value has its declared type: no validation needed (results.trusted).
+            return trusted(
+                MetricResult,
+                {
+                    "metric": name,
+                    "score": score,
+                    "reason": reason,
+                    "threshold": threshold,
+                    "strict": strict,
+                    "passed": passed,
+                    "skipped": score is None,
+                    "error": None,
+                    "details": details,
+                    "cost": cost,
+                    "judge": judge_name,
+                    "heuristic": heuristic,
+                },
+            )
+
+        return build
 
     def error_result(
         self, error: str, run: Run, details: dict[str, Any] | None = None
@@ -324,6 +348,53 @@ class MetricBase(abc.ABC):
             judge=judge_name,
             heuristic=heuristic,
         )
+
+
+class JudgeFreeMetric(MetricBase):
+    """A case metric that never calls a judge, scored synchronously.
+
+    Subclasses implement :meth:`missing_inputs` and :meth:`_score_now`.
+    :meth:`measure_now` is the synchronous form of :meth:`measure`: batch callers
+    (``evaluate()``) score many cases with it without a coroutine, a task or an
+    event-loop turn per case.
+    """
+
+    uses_judge: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def _score_now(self, case: RAGCase) -> Outcome:
+        """Score a case whose inputs are present."""
+
+    async def _score(self, case: RAGCase, run: Run) -> Outcome:
+        return self._score_now(case)
+
+    async def measure(self, case: RAGCase, judge: Judge | None) -> MetricResult:
+        return self.measure_now(case)
+
+    def measure_now(self, case: RAGCase) -> MetricResult:
+        """The result for ``case`` (never raises: a bug becomes an error result)."""
+        return self.measure_many((case,))[0]
+
+    def measure_many(self, cases: Iterable[RAGCase]) -> list[MetricResult]:
+        """The results of ``cases``, in order; what is the same for every case is
+        looked up once."""
+        build = self._builder(Cost.none(), "none", False)
+        missing_inputs = self.missing_inputs
+        score_now = self._score_now
+        out: list[MetricResult] = []
+        for case in cases:
+            missing = missing_inputs(case)
+            if missing is not None:
+                out.append(build(None, missing, {}))
+                continue
+            try:
+                outcome = score_now(case)
+            except Exception as exc:  # a bug must not stop the other metrics
+                error = f"internal: {type(exc).__name__}: {exc}"
+                out.append(self.error_result(error, Run(None)))
+                continue
+            out.append(build(outcome.score, outcome.reason, outcome.details))
+        return out
 
 
 # ------------------------------------------------------------------- helpers

@@ -12,14 +12,12 @@ An empty denominator, or an empty reference id list, is *skipped*.
 from __future__ import annotations
 
 from ragtrace_collector.cases import RAGCase
-from ragtrace_collector.metrics.base import MetricBase, Outcome, Run
+from ragtrace_collector.metrics.base import JudgeFreeMetric, Outcome
 
 __all__ = ["IDContextPrecision", "IDContextRecall"]
 
 
-class _IDMetric(MetricBase):
-    uses_judge = False
-
+class _IDMetric(JudgeFreeMetric):
     def missing_inputs(self, case: RAGCase) -> str | None:
         if case.reference_context_ids is None:
             return "no reference_context_ids"
@@ -31,15 +29,14 @@ class _IDMetric(MetricBase):
 
     @staticmethod
     def _sets(case: RAGCase) -> tuple[set[str], set[str]]:
-        ref = {str(i) for i in case.reference_context_ids or []}
-        ret = {str(i) for i in case.retrieved_ids() or []}
-        return ref, ret
+        # The case's validators already made every id a str.
+        return set(case.reference_context_ids or ()), set(case.retrieved_ids() or ())
 
 
 class IDContextRecall(_IDMetric):
     name = "id_context_recall"
 
-    async def _score(self, case: RAGCase, run: Run) -> Outcome:
+    def _score_now(self, case: RAGCase) -> Outcome:
         ref, ret = self._sets(case)
         found = ref & ret
         missing = sorted(ref - ret)
@@ -62,7 +59,7 @@ class IDContextPrecision(_IDMetric):
             return "no document was retrieved"
         return missing
 
-    async def _score(self, case: RAGCase, run: Run) -> Outcome:
+    def _score_now(self, case: RAGCase) -> Outcome:
         ref, ret = self._sets(case)
         found = ret & ref
         return Outcome(

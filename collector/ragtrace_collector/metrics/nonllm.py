@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from rapidfuzz.distance import Hamming, Indel, Jaro, JaroWinkler, Levenshtein
 
 from ragtrace_collector.cases import RAGCase
-from ragtrace_collector.metrics.base import MetricBase, Outcome, Run, average_precision
+from ragtrace_collector.metrics.base import JudgeFreeMetric, Outcome, average_precision
 
 __all__ = ["SIMILARITIES", "NonLLMContextPrecision", "NonLLMContextRecall", "best_similarities"]
 
@@ -43,9 +43,7 @@ def best_similarities(
     return [max([sim(q, c) for c in choices]) for q in queries]
 
 
-class _NonLLM(MetricBase):
-    uses_judge = False
-
+class _NonLLM(JudgeFreeMetric):
     @property
     def similarity_threshold(self) -> float:
         o = self.options
@@ -64,7 +62,7 @@ class _NonLLM(MetricBase):
 class NonLLMContextRecall(_NonLLM):
     name = "non_llm_context_recall"
 
-    async def _score(self, case: RAGCase, run: Run) -> Outcome:
+    def _score_now(self, case: RAGCase) -> Outcome:
         return self.score_texts(case.context_texts(), case.reference_contexts or [])
 
     def score_texts(self, retrieved: Sequence[str], reference: Sequence[str]) -> Outcome:
@@ -94,7 +92,7 @@ class NonLLMContextPrecision(_NonLLM):
             return "nothing was retrieved: no ranking to score"
         return missing
 
-    async def _score(self, case: RAGCase, run: Run) -> Outcome:
+    def _score_now(self, case: RAGCase) -> Outcome:
         return self.score_texts(case.context_texts(), case.reference_contexts or [])
 
     def score_texts(self, retrieved: Sequence[str], reference: Sequence[str]) -> Outcome:
