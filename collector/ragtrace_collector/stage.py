@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ragtrace_collector.alerts.detector import DropDetector
+from ragtrace_collector.case_builder import CaseRules
 from ragtrace_collector.evaluator import OnlineEvaluator
 from ragtrace_collector.judges.base import JudgeCallRecord
 from ragtrace_collector.judges.factory import make_judge
@@ -173,6 +174,7 @@ def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStag
         telemetry=telemetry,
         reference_lookup=reference_store.lookup if reference_store is not None else None,
         listeners=listeners,
+        case_rules=CaseRules(config.cases),
     )
     on_call_hooks.append(evaluator.judge_listener())
     log.info(
