@@ -75,6 +75,9 @@ __all__ = [
 
 #: Ancestors followed up from a retriever, at most (a guard against parent cycles).
 _MAX_DEPTH = 256
+#: Serialised spans up to this size are searched as bytes by the prefilter; larger
+#: ones are checked attribute by attribute.
+_SEARCH_LIMIT = 8192
 
 
 # -------------------------------------------------------------------- config
@@ -156,6 +159,7 @@ class CaseRules:
         self.markers = markers
         self.event_markers = frozenset(e for c in self.conventions for e in c.event_markers)
         self._name_patterns = [p for p, equals, exists in self.matchers if p is not None]
+        self._patterns = _marker_patterns(markers, self.event_markers)
 
     def matches(self, span: trace_pb2.Span, attrs: Mapping[str, Any]) -> bool:
         for pattern, equals, exists in self.matchers:
@@ -169,26 +173,73 @@ class CaseRules:
         return False
 
     def may_hold_case(self, spans: Iterable[trace_pb2.Span]) -> bool:
-        """Cheap: could these spans hold a case?  Reads only attribute keys (and the
-        string values of the marker keys), span event names when a convention marks
-        retrievers by events, and span names when ``cases.match`` has a name glob."""
-        markers = self.markers
-        events = self.event_markers
-        names = self._name_patterns
+        """Cheap: could these spans hold a case?  True when a span carries a marker
+        attribute (``openinference.span.kind = RETRIEVER``, ``ragtrace.span.kind``,
+        ``gen_ai.operation.name = retrieval``, ...), a marker event, or matches a
+        ``cases.match`` name glob.  False positives only cost a full decode.
+
+        Spans are not decoded: each span is serialised (C code) and the serialised
+        spans are searched, all at once, for the exact protobuf encoding of the marker
+        key/value pairs.  A span larger than :data:`_SEARCH_LIMIT` bytes (a long prompt
+        or document) is checked attribute by attribute instead, so that the cost stays
+        per attribute, not per byte."""
+        if self._name_patterns:
+            return any(self._span_may_hold(span) for span in spans)
+        small: list[bytes] = []
         for span in spans:
-            for kv in span.attributes:
-                key = kv.key
-                if key in markers:
-                    values = markers[key]
-                    if values is None or kv.value.string_value in values:
-                        return True
-            if events and span.events:
-                for event in span.events:
-                    if event.name in events:
-                        return True
-            if names and any(p.fullmatch(span.name) for p in names):
+            blob = span.SerializeToString()
+            if len(blob) <= _SEARCH_LIMIT:
+                small.append(blob)
+            elif self._span_may_hold(span):
                 return True
-        return False
+        data = b"".join(small)
+        return any(pattern in data for pattern in self._patterns)
+
+    def _span_may_hold(self, span: trace_pb2.Span) -> bool:
+        markers = self.markers
+        for kv in span.attributes:
+            if kv.key in markers:
+                values = markers[kv.key]
+                if values is None or kv.value.string_value in values:
+                    return True
+        if self.event_markers and span.events:
+            for event in span.events:
+                if event.name in self.event_markers:
+                    return True
+        return any(p.fullmatch(span.name) for p in self._name_patterns)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _string_field(tag: int, text: str) -> bytes:
+    data = text.encode()
+    return bytes([tag]) + _varint(len(data)) + data
+
+
+def _marker_patterns(
+    markers: Mapping[str, frozenset[str] | None], events: frozenset[str]
+) -> tuple[bytes, ...]:
+    """The protobuf encodings searched for: ``KeyValue{key, value: AnyValue{string}}``
+    (field 1 ``key``, field 2 ``value``, whose field 1 is ``string_value``), or just
+    the key when any value marks; ``Span.Event`` field 2 (``name``) for the events."""
+    patterns: list[bytes] = []
+    for key, values in markers.items():
+        lead = _string_field(0x0A, key) + b"\x12"
+        if values is None:
+            patterns.append(lead)
+            continue
+        for value in sorted(values):
+            inner = _string_field(0x0A, value)
+            patterns.append(lead + _varint(len(inner)) + inner)
+    patterns.extend(_string_field(0x12, name) for name in sorted(events))
+    return tuple(patterns)
 
 
 DEFAULT_RULES = CaseRules()
