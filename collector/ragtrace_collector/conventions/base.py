@@ -26,11 +26,14 @@ __all__ = [
     "Convention",
     "Document",
     "Role",
+    "as_text",
     "documents_from_attributes",
     "documents_from_json",
     "event_attributes",
     "fill_ids",
     "json_value",
+    "role_from",
+    "text_attribute",
 ]
 
 Attrs = Mapping[str, Any]
@@ -130,7 +133,8 @@ def _as_float(value: Any) -> float | None:
     return None
 
 
-def _as_text(value: Any) -> str | None:
+def as_text(value: Any) -> str | None:
+    """A string as is, None as None, anything else as JSON."""
     if value is None:
         return None
     return value if isinstance(value, str) else json.dumps(value, default=str)
@@ -198,7 +202,7 @@ def documents_from_json(value: Any) -> list[Document] | None:
         docs.append(
             Document(
                 id=record.id,
-                content=_as_text(record.content),
+                content=as_text(record.content),
                 score=_as_float(record.score),
                 metadata=dict(metadata),
             )
@@ -220,3 +224,18 @@ def fill_ids(docs: Sequence[Document], fallback: Sequence[Document] | None) -> N
 
 def event_attributes(event: trace_pb2.Span.Event) -> dict[str, Any]:
     return attributes_to_dict(event.attributes)
+
+
+def role_from(attrs: Attrs, key: str, roles: Mapping[str, Role]) -> Role | None:
+    """The role that ``roles`` gives the string value of ``key``, if any."""
+    value = attrs.get(key)
+    return roles.get(value) if isinstance(value, str) else None
+
+
+def text_attribute(attrs: Attrs, *keys: str) -> str | None:
+    """The first of ``keys`` that is set and not empty, as text."""
+    for key in keys:
+        value = attrs.get(key)
+        if value is not None and value != "":
+            return str(value)
+    return None

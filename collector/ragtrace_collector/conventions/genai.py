@@ -20,7 +20,14 @@ from typing import Final
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ragtrace import semconv
-from ragtrace_collector.conventions.base import Attrs, Document, Role, documents_from_json
+from ragtrace_collector.conventions.base import (
+    Attrs,
+    Document,
+    Role,
+    documents_from_json,
+    role_from,
+    text_attribute,
+)
 from ragtrace_collector.conventions.text import reduce_answer, reduce_question
 
 name: Final = "genai"
@@ -35,8 +42,7 @@ _ROLES: Final = {
 
 
 def role(span: trace_pb2.Span, attrs: Attrs) -> Role | None:
-    operation = attrs.get(semconv.GEN_AI_OPERATION_NAME)
-    return _ROLES.get(operation) if isinstance(operation, str) else None
+    return role_from(attrs, semconv.GEN_AI_OPERATION_NAME, _ROLES)
 
 
 def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document]:
@@ -44,20 +50,16 @@ def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document]:
 
 
 def question(attrs: Attrs) -> str | None:
-    messages = attrs.get(semconv.GEN_AI_INPUT_MESSAGES)
-    return None if messages is None else reduce_question(messages)
+    return reduce_question(attrs.get(semconv.GEN_AI_INPUT_MESSAGES))
 
 
 def answer(attrs: Attrs) -> str | None:
-    messages = attrs.get(semconv.GEN_AI_OUTPUT_MESSAGES)
-    return None if messages is None else reduce_answer(messages)
+    return reduce_answer(attrs.get(semconv.GEN_AI_OUTPUT_MESSAGES))
 
 
 def session_id(attrs: Attrs) -> str | None:
-    value = attrs.get(semconv.GEN_AI_CONVERSATION_ID)
-    return None if value is None else str(value)
+    return text_attribute(attrs, semconv.GEN_AI_CONVERSATION_ID)
 
 
 def retrieval_query(attrs: Attrs) -> str | None:
-    value = attrs.get(semconv.GEN_AI_RETRIEVAL_QUERY_TEXT)
-    return None if value is None else str(value)
+    return text_attribute(attrs, semconv.GEN_AI_RETRIEVAL_QUERY_TEXT)

@@ -30,6 +30,8 @@ from ragtrace_collector.conventions.base import (
     documents_from_attributes,
     documents_from_json,
     fill_ids,
+    role_from,
+    text_attribute,
 )
 from ragtrace_collector.conventions.text import reduce_answer, reduce_question
 
@@ -46,8 +48,7 @@ _ROLES: Final = {
 
 
 def role(span: trace_pb2.Span, attrs: Attrs) -> Role | None:
-    kind = attrs.get(semconv.OPENINFERENCE_SPAN_KIND)
-    return _ROLES.get(kind) if isinstance(kind, str) else None
+    return role_from(attrs, semconv.OPENINFERENCE_SPAN_KIND, _ROLES)
 
 
 def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document]:
@@ -68,8 +69,7 @@ def answer(attrs: Attrs) -> str | None:
 
 
 def session_id(attrs: Attrs) -> str | None:
-    value = attrs.get(semconv.SESSION_ID)
-    return None if value is None else str(value)
+    return text_attribute(attrs, semconv.SESSION_ID)
 
 
 def retrieval_query(attrs: Attrs) -> str | None:

@@ -19,7 +19,6 @@ instrumentations (Chroma, Qdrant, Pinecone, ...) of the openllmetry repository.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Final
 
 from opentelemetry.proto.trace.v1 import trace_pb2
@@ -29,9 +28,11 @@ from ragtrace_collector.conventions.base import (
     Attrs,
     Document,
     Role,
+    as_text,
     documents_from_json,
     event_attributes,
     json_value,
+    text_attribute,
 )
 from ragtrace_collector.conventions.text import reduce_answer, reduce_question
 
@@ -78,16 +79,12 @@ def _event_document(attrs: Attrs) -> Document:
         metadata.setdefault("distance", distance)
     return Document(
         id=None if doc_id is None else str(doc_id),
-        content=None if content is None else _text(content),
+        content=as_text(content),
         score=float(score)
         if isinstance(score, (int, float)) and not isinstance(score, bool)
         else None,
         metadata=metadata,
     )
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def question(attrs: Attrs) -> str | None:
@@ -99,8 +96,7 @@ def answer(attrs: Attrs) -> str | None:
 
 
 def session_id(attrs: Attrs) -> str | None:
-    value = attrs.get(semconv.TRACELOOP_SESSION_ID)
-    return None if value is None else str(value)
+    return text_attribute(attrs, semconv.TRACELOOP_SESSION_ID)
 
 
 def retrieval_query(attrs: Attrs) -> str | None:

@@ -16,7 +16,13 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ragtrace import semconv
 from ragtrace_collector.conventions import openinference
-from ragtrace_collector.conventions.base import Attrs, Document, Role
+from ragtrace_collector.conventions.base import (
+    Attrs,
+    Document,
+    Role,
+    role_from,
+    text_attribute,
+)
 
 name: Final = "ragtrace"
 markers: Final = {
@@ -34,8 +40,7 @@ _ROLES: Final = {
 
 
 def role(span: trace_pb2.Span, attrs: Attrs) -> Role | None:
-    kind = attrs.get(semconv.RAGTRACE_SPAN_KIND)
-    return _ROLES.get(kind) if isinstance(kind, str) else None
+    return role_from(attrs, semconv.RAGTRACE_SPAN_KIND, _ROLES)
 
 
 def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document]:
@@ -47,10 +52,9 @@ answer = openinference.answer
 
 
 def session_id(attrs: Attrs) -> str | None:
-    value = attrs.get(semconv.SESSION_ID) or attrs.get(semconv.GEN_AI_CONVERSATION_ID)
-    return None if value is None else str(value)
+    return text_attribute(attrs, semconv.SESSION_ID, semconv.GEN_AI_CONVERSATION_ID)
 
 
 def retrieval_query(attrs: Attrs) -> str | None:
-    value = attrs.get(semconv.GEN_AI_RETRIEVAL_QUERY_TEXT)
-    return str(value) if value is not None else openinference.retrieval_query(attrs)
+    query = text_attribute(attrs, semconv.GEN_AI_RETRIEVAL_QUERY_TEXT)
+    return query if query is not None else openinference.retrieval_query(attrs)
