@@ -278,6 +278,10 @@ class BuiltCase:
     attributes: dict[str, Any] = field(default_factory=dict)
     #: The convention that claimed the case span (``ragtrace``, ``openinference``, ...).
     convention: str | None = None
+    #: Where each retrieved document was read, in the case's rank order (the order of
+    #: ``case.retrieval_context``): (retriever or reranker span id hex, the document's
+    #: position on that span), e.g. for document annotations.  None: no retriever ran.
+    document_sources: list[tuple[str, int]] | None = None
 
 
 @dataclass
@@ -399,18 +403,26 @@ def _retrieval_under(
     return retrievers, rerankers
 
 
-def _context_docs(retrievers: list[_Node], rerankers: list[_Node]) -> list[Document] | None:
-    if rerankers:
-        last = rerankers[-1]
-        assert last.convention is not None
-        return last.convention.documents(last.span, last.attrs, Role.RERANKER)
-    if not retrievers:
+def _context_docs(
+    retrievers: list[_Node], rerankers: list[_Node]
+) -> tuple[list[Document], list[tuple[str, int]]] | None:
+    """The case's documents in rank order, each with (span id hex, position on that
+    span) of where it was read; None when no retriever ran."""
+    sources = (
+        [(rerankers[-1], Role.RERANKER)]
+        if rerankers
+        else [(node, Role.RETRIEVER) for node in retrievers]
+    )
+    if not sources:
         return None
     docs: list[Document] = []
-    for node in retrievers:
+    where: list[tuple[str, int]] = []
+    for node, role in sources:
         assert node.convention is not None
-        docs.extend(node.convention.documents(node.span, node.attrs, Role.RETRIEVER))
-    return docs
+        found = node.convention.documents(node.span, node.attrs, role)
+        docs.extend(found)
+        where.extend((node.span.span_id.hex(), i) for i in range(len(found)))
+    return docs, where
 
 
 def _read_order(node: _Node, rules: CaseRules) -> list[Convention]:
@@ -492,7 +504,8 @@ def _build_one(
             if filled and source is None:
                 source = "reference_store"
 
-    docs = _context_docs(retrievers, rerankers)
+    found = _context_docs(retrievers, rerankers)
+    docs, document_sources = found if found is not None else (None, None)
     retrieval_context: list[ContextItem] | None = None
     retrieved_ids: list[str] | None = None
     if docs is not None:
@@ -539,4 +552,5 @@ def _build_one(
         ground_truth_source=source,
         attributes=attrs,
         convention=node.convention.name if node.convention is not None else None,
+        document_sources=document_sources,
     )

@@ -127,6 +127,8 @@ def test_openinference_outermost_chain_with_ids_from_output_and_metadata() -> No
     ]
     assert built.session_id is None
     assert built.turn_index is None
+    retriever = spans[0]
+    assert built.document_sources == [(retriever.span_id.hex(), i) for i in range(3)]
 
 
 def test_output_ids_are_not_taken_when_the_content_differs() -> None:
@@ -171,6 +173,7 @@ def test_reranker_output_order_wins() -> None:
     rr = span("rerank", rerank_attrs, parent=root, start=5)
     [built] = build_cases([root, ret, rr])
     assert built.case.retrieved_context_ids == ["b", "a"]
+    assert built.document_sources == [(rr.span_id.hex(), 0), (rr.span_id.hex(), 1)]
 
 
 def test_llama_index_shape() -> None:
