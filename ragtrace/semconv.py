@@ -11,6 +11,9 @@ semconv``).  Where a public convention exists we use it:
 
 Only what neither convention covers lives under ``ragtrace.*``.
 
+The names the collector only *reads* from other instrumentation (OTel GenAI retrieval
+and messages, OpenLLMetry/Traceloop) are in their own marked groups below.
+
 This module must stay import-cheap: plain string constants and a few tiny helpers.
 """
 

@@ -75,6 +75,7 @@ def _langchain_trace(session: str | None = None) -> list[trace_pb2.Span]:
             semconv.INPUT_VALUE: json.dumps({"question": "What is the capital of France?"}),
             semconv.INPUT_MIME_TYPE: "application/json",
             semconv.OUTPUT_VALUE: json.dumps({"content": "Paris.", "type": "ai"}),
+            semconv.OUTPUT_MIME_TYPE: "application/json",
             **extra,
         },
     )
@@ -129,6 +130,15 @@ def test_openinference_outermost_chain_with_ids_from_output_and_metadata() -> No
     assert built.turn_index is None
     retriever = spans[0]
     assert built.document_sources == [(retriever.span_id.hex(), i) for i in range(3)]
+
+
+def test_plain_text_that_looks_like_json_is_kept() -> None:
+    """input.value is reduced only when its mime type says JSON."""
+    attrs = {semconv.INPUT_VALUE: "[1, 2]", semconv.OUTPUT_VALUE: '{"a": "b"}'}
+    assert openinference.question(attrs) == "[1, 2]"
+    assert openinference.answer(attrs) == '{"a": "b"}'
+    attrs[semconv.OUTPUT_MIME_TYPE] = "application/json"
+    assert openinference.answer(attrs) == "b"
 
 
 def test_output_ids_are_not_taken_when_the_content_differs() -> None:

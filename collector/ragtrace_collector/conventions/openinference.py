@@ -12,13 +12,15 @@ instrumentors actually write was read from their output.
   missing id comes from the metadata (the SDK's id keys), else from the document at
   the same rank in the span's ``output.value`` JSON (``{"documents": [{"id": ...}]}``).
 * Question and answer: ``input.value`` / ``output.value``, JSON reduced
-  (:mod:`~ragtrace_collector.conventions.text`).  Session: ``session.id``
+  (:mod:`~ragtrace_collector.conventions.text`) when ``input.mime_type`` /
+  ``output.mime_type`` is ``application/json``, else taken as written.  Session: ``session.id``
   (``openinference.instrumentation.using_session``).
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
@@ -61,11 +63,19 @@ def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document]:
 
 
 def question(attrs: Attrs) -> str | None:
-    return reduce_question(attrs.get(semconv.INPUT_VALUE))
+    return _read(attrs, semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, reduce_question)
 
 
 def answer(attrs: Attrs) -> str | None:
-    return reduce_answer(attrs.get(semconv.OUTPUT_VALUE))
+    return _read(attrs, semconv.OUTPUT_VALUE, semconv.OUTPUT_MIME_TYPE, reduce_answer)
+
+
+def _read(attrs: Attrs, key: str, mime_key: str, reduce: Callable[[Any], str | None]) -> str | None:
+    """The value, JSON reduced only when its mime type says JSON: a plain-text question
+    that happens to look like JSON (``[1, 2]``) is kept as written."""
+    if attrs.get(mime_key) == semconv.MIME_JSON:
+        return reduce(attrs.get(key))
+    return text_attribute(attrs, key)
 
 
 def session_id(attrs: Attrs) -> str | None:
@@ -73,4 +83,4 @@ def session_id(attrs: Attrs) -> str | None:
 
 
 def retrieval_query(attrs: Attrs) -> str | None:
-    return reduce_question(attrs.get(semconv.INPUT_VALUE))
+    return question(attrs)

@@ -4,7 +4,8 @@
 * ``retriever`` / ``reranker``: the retrieval context, read like OpenInference
   (the SDK writes ``retrieval.documents.N.document.*`` and
   ``reranker.output_documents.N.document.*``);
-* question and answer: ``input.value`` / ``output.value`` (JSON reduced);
+* question and answer: ``input.value`` / ``output.value`` (JSON reduced when the
+  mime type says JSON);
 * session: ``session.id``, else ``gen_ai.conversation.id``.
 """
 

@@ -20,7 +20,9 @@ JSON.  A case needs the question and the answer text, so a JSON value is reduced
   (LangChain's ``generations[0][0].text``), reduced the same way;
 * text that is not JSON, or JSON that reduces to nothing, is kept as it was.
 
-The reduction only descends :data:`_MAX_DEPTH` levels: input is untrusted.
+The reduction only descends :data:`_MAX_DEPTH` levels: input is untrusted.  Callers
+decide whether a value may hold JSON at all (OpenInference's ``input.value`` only
+when ``input.mime_type`` says so).
 """
 
 from __future__ import annotations
