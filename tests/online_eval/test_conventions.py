@@ -519,3 +519,32 @@ def test_prefilter_encodes_long_keys_and_values() -> None:
     rules = CaseRules(CasesConfig(match=[{"exists": [key]}]))
     assert may_hold_case([span("x", {key: "v"})], rules)
     assert not may_hold_case([span("x", {key[:-1]: "v"})], rules)
+
+
+def test_genai_structured_attributes() -> None:
+    """GenAI attributes recorded structured (OTLP arrays of key-value lists), not as
+    JSON strings, read the same."""
+    agent = span(
+        "invoke_agent",
+        {
+            semconv.GEN_AI_OPERATION_NAME: "invoke_agent",
+            semconv.GEN_AI_INPUT_MESSAGES: [
+                {"role": "user", "parts": [{"type": "text", "content": "Q?"}]}
+            ],
+        },
+    )
+    ret = span(
+        "retrieval",
+        {
+            semconv.GEN_AI_OPERATION_NAME: "retrieval",
+            semconv.GEN_AI_RETRIEVAL_DOCUMENTS: [
+                {"id": "d1", "score": 0.9, "content": "One."},
+                {"id": "d2", "score": 0.4, "content": "Two."},
+            ],
+        },
+        parent=agent,
+    )
+    [built] = build_cases([agent, ret])
+    assert built.case.input == "Q?"
+    assert built.case.retrieved_context_ids == ["d1", "d2"]
+    assert [c.score for c in built.case.retrieval_context or []] == [0.9, 0.4]
