@@ -59,6 +59,7 @@ from ragtrace_collector.cases import ContextItem, RAGCase
 from ragtrace_collector.conventions import CONVENTIONS, Convention, Document, Role, by_name
 from ragtrace_collector.conventions.base import documents_from_attributes, json_value
 from ragtrace_collector.conventions.text import reduce_answer, reduce_question
+from ragtrace_collector.logs import get_logger
 from ragtrace_collector.sampling import AttrScalar
 from ragtrace_collector.spanattrs import attributes_to_dict
 
@@ -72,6 +73,8 @@ __all__ = [
     "documents_from_attributes",
     "may_hold_case",
 ]
+
+_log = get_logger("case_builder")
 
 #: Ancestors followed up from a retriever, at most (a guard against parent cycles).
 _MAX_DEPTH = 256
@@ -346,8 +349,8 @@ def build_cases(
     built: list[BuiltCase] = []
     for node in case_nodes:
         retrievers, rerankers = _retrieval_under(node, children, stops)
-        built.append(
-            _build_one(
+        try:
+            case = _build_one(
                 node,
                 retrievers,
                 rerankers,
@@ -355,7 +358,15 @@ def build_cases(
                 service=service_of(node.span) if service_of else "unknown",
                 reference_lookup=reference_lookup,
             )
-        )
+        except Exception as exc:  # spans are untrusted: that case is skipped, not the trace
+            _log.warning(
+                "case_build_failed",
+                trace_id=node.span.trace_id.hex(),
+                span_id=node.span.span_id.hex(),
+                error=repr(exc),
+            )
+            continue
+        built.append(case)
     return built
 
 
@@ -407,7 +418,8 @@ def _context_docs(
     retrievers: list[_Node], rerankers: list[_Node]
 ) -> tuple[list[Document], list[tuple[str, int]]] | None:
     """The case's documents in rank order, each with (span id hex, position on that
-    span) of where it was read; None when no retriever ran."""
+    span) of where it was read; None when no retriever ran or none recorded its
+    documents (then the ID metrics are skipped rather than scored on "found none")."""
     sources = (
         [(rerankers[-1], Role.RERANKER)]
         if rerankers
@@ -417,12 +429,16 @@ def _context_docs(
         return None
     docs: list[Document] = []
     where: list[tuple[str, int]] = []
+    recorded = False
     for node, role in sources:
         assert node.convention is not None
         found = node.convention.documents(node.span, node.attrs, role)
+        if found is None:
+            continue  # this span did not record its documents (not: found none)
+        recorded = True
         docs.extend(found)
         where.extend((node.span.span_id.hex(), i) for i in range(len(found)))
-    return docs, where
+    return (docs, where) if recorded else None
 
 
 def _read_order(node: _Node, rules: CaseRules) -> list[Convention]:

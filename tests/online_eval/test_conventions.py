@@ -250,7 +250,7 @@ def test_genai_agent_retrieval_and_messages() -> None:
     got = genai.documents(
         ret, {semconv.GEN_AI_RETRIEVAL_DOCUMENTS: json.dumps(docs)}, Role.RETRIEVER
     )
-    assert [d.score for d in got] == [0.9, 0.5]
+    assert [d.score for d in got or []] == [0.9, 0.5]
 
 
 def test_genai_question_falls_back_to_the_retrieval_query() -> None:
@@ -331,7 +331,7 @@ def test_openllmetry_langchain_retriever_span() -> None:
     s = span("vector_db_retrieve R", attrs)
     assert openllmetry.role(s, attrs) is Role.RETRIEVER
     docs = openllmetry.documents(s, attrs, Role.RETRIEVER)
-    assert [(d.id, d.content) for d in docs] == [("a", "A."), ("7", "B.")]
+    assert [(d.id, d.content) for d in docs or []] == [("a", "A."), ("7", "B.")]
 
 
 # --------------------------------------------------------------------- ragtrace
@@ -548,3 +548,30 @@ def test_genai_structured_attributes() -> None:
     assert built.case.input == "Q?"
     assert built.case.retrieved_context_ids == ["d1", "d2"]
     assert [c.score for c in built.case.retrieval_context or []] == [0.9, 0.4]
+
+
+def test_a_case_that_cannot_be_built_is_skipped_not_raised() -> None:
+    spans = _langchain_trace()
+
+    def broken_store(text: str) -> Any:
+        raise RuntimeError("reference store down")
+
+    assert build_cases(spans, reference_lookup=broken_store) == []
+    # Garbage where documents and messages should be: a case, with what could be read.
+    agent = span(
+        "invoke_agent",
+        {
+            semconv.GEN_AI_OPERATION_NAME: "invoke_agent",
+            semconv.GEN_AI_INPUT_MESSAGES: "[{not json",
+        },
+    )
+    ret = span(
+        "retrieval",
+        {semconv.GEN_AI_OPERATION_NAME: "retrieval", semconv.GEN_AI_RETRIEVAL_DOCUMENTS: "42"},
+        parent=agent,
+    )
+    [built] = build_cases([agent, ret])
+    assert built.case.input == "[{not json"
+    # Unreadable documents are "not recorded", not "retrieved nothing": no 0 scores.
+    assert built.case.retrieved_context_ids is None
+    assert built.document_sources is None

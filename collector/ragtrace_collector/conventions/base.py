@@ -87,8 +87,9 @@ class Convention(Protocol):
 
     def role(self, span: trace_pb2.Span, attrs: Attrs) -> Role | None: ...
 
-    def documents(self, span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document]:
-        """The documents of a RETRIEVER span (rank order), or a RERANKER's output."""
+    def documents(self, span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document] | None:
+        """The documents of a RETRIEVER span (rank order), or a RERANKER's output; None
+        when the span does not record them (an empty list: it found none)."""
         ...
 
     def question(self, attrs: Attrs) -> str | None: ...

@@ -45,8 +45,9 @@ def role(span: trace_pb2.Span, attrs: Attrs) -> Role | None:
     return role_from(attrs, semconv.GEN_AI_OPERATION_NAME, _ROLES)
 
 
-def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document]:
-    return documents_from_json(attrs.get(semconv.GEN_AI_RETRIEVAL_DOCUMENTS)) or []
+def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document] | None:
+    # Opt-in in the spec: absent (or unreadable) means "not recorded", not "none found".
+    return documents_from_json(attrs.get(semconv.GEN_AI_RETRIEVAL_DOCUMENTS))
 
 
 def question(attrs: Attrs) -> str | None:

@@ -55,7 +55,7 @@ def role(span: trace_pb2.Span, attrs: Attrs) -> Role | None:
     return None
 
 
-def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document]:
+def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document] | None:
     docs = [
         _event_document(event_attributes(e))
         for e in span.events
@@ -63,7 +63,7 @@ def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document]:
     ]
     if docs:
         return docs
-    return documents_from_json(attrs.get(semconv.TRACELOOP_ENTITY_OUTPUT)) or []
+    return documents_from_json(attrs.get(semconv.TRACELOOP_ENTITY_OUTPUT))
 
 
 def _event_document(attrs: Attrs) -> Document:
