@@ -290,3 +290,39 @@ def test_openinference_conversation(
             assert flat(root, name, semconv.EVAL_FIELD_SCORE) == pytest.approx(window)
             got = flat(root, name, semconv.EVAL_FIELD_CONVERSATION_SCORE)
             assert got == pytest.approx(running)
+
+
+# ------------------------------------------------------------------ overrides
+def test_cases_overrides_choose_the_span_and_the_question(sink: OtlpSink, tmp_path: Path) -> None:
+    """A hand-rolled app whose root is a plain span: ``cases.match`` makes it the case
+    span and ``cases.question_attribute`` / ``answer_attribute`` say where the question
+    and the answer are."""
+    ids = ["kb_eiffel", "kb_paris"]
+    answer = "Paris."
+    cases = {
+        "match": [{"span_name": "handle *", "exists": ["app.question"]}],
+        "question_attribute": "app.question",
+        "answer_attribute": "app.answer",
+    }
+    with collector(sink, tmp_path, CASE_METRIC_CONFIG, cases=cases) as serve:
+        tp = provider(serve, "custom-app")
+        tracer = tp.get_tracer("custom-app")
+        with tracer.start_as_current_span("handle request") as root:
+            root.set_attribute("app.question", json.dumps({"question": QUESTION}))
+            with tracer.start_as_current_span("search") as ret:
+                ret.set_attribute(semconv.OPENINFERENCE_SPAN_KIND, "RETRIEVER")
+                for rank, doc_id in enumerate(ids):
+                    prefix = semconv.RETRIEVAL_DOCUMENTS
+                    ret.set_attribute(
+                        semconv.document_attr(prefix, rank, semconv.DOCUMENT_ID), doc_id
+                    )
+                    ret.set_attribute(
+                        semconv.document_attr(prefix, rank, semconv.DOCUMENT_CONTENT), KB[doc_id]
+                    )
+            root.set_attribute("app.answer", answer)
+        tp.shutdown()
+        spans = _wait_scored(sink, 1)
+    [top] = _tops(spans)
+    assert top.span.name == "handle request"
+    assert _scored(spans) == [top]
+    assert_case_scored(top, Retrieved(ids, [KB[i] for i in ids], answer))
