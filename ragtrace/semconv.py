@@ -11,6 +11,9 @@ semconv``).  Where a public convention exists we use it:
 
 Only what neither convention covers lives under ``ragtrace.*``.
 
+The names the collector only *reads* from other instrumentation (OTel GenAI retrieval
+and messages, OpenLLMetry/Traceloop) are in their own marked groups below.
+
 This module must stay import-cheap: plain string constants and a few tiny helpers.
 """
 
@@ -30,6 +33,7 @@ KIND_GENERATOR: Final = "generator"
 
 # openinference.span.kind values
 OI_KIND_CHAIN: Final = "CHAIN"
+OI_KIND_AGENT: Final = "AGENT"
 OI_KIND_RETRIEVER: Final = "RETRIEVER"
 OI_KIND_RERANKER: Final = "RERANKER"
 OI_KIND_LLM: Final = "LLM"
@@ -109,6 +113,40 @@ EXCEPTION_TYPE: Final = "exception.type"
 # SDK bookkeeping
 RAGTRACE_CONTENT_TRUNCATED: Final = "ragtrace.content_truncated"
 RAGTRACE_SDK_VERSION: Final = "ragtrace.sdk.version"
+
+# ============================================================================
+# Names the collector *reads* from other instrumentation (it never writes them).
+# Each group is read by one module of ``ragtrace_collector.conventions``.
+
+# --------------------------------------------------- OTel GenAI (read only)
+# From the GenAI semantic conventions (gen-ai-spans.md, gen_ai_attributes): retrieval
+# spans carry the retrieved documents as a JSON array of objects (``id``, ``score``,
+# and content/metadata where recorded); agent and workflow spans are the request roots.
+GEN_AI_RETRIEVAL_DOCUMENTS: Final = "gen_ai.retrieval.documents"
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+GEN_AI_OPERATION_INVOKE_AGENT: Final = "invoke_agent"
+GEN_AI_OPERATION_INVOKE_WORKFLOW: Final = "invoke_workflow"
+
+# --------------------------------------------- OpenLLMetry / Traceloop (read only)
+# From opentelemetry-semantic-conventions-ai (``SpanAttributes``, ``Events``,
+# ``EventAttributes``) and its LangChain and vector-DB instrumentations.
+TRACELOOP_SPAN_KIND: Final = "traceloop.span.kind"
+TRACELOOP_KIND_WORKFLOW: Final = "workflow"
+TRACELOOP_KIND_AGENT: Final = "agent"
+TRACELOOP_ENTITY_INPUT: Final = "traceloop.entity.input"
+TRACELOOP_ENTITY_OUTPUT: Final = "traceloop.entity.output"
+#: ``Traceloop.set_association_properties({"session_id": ...})``
+TRACELOOP_SESSION_ID: Final = "traceloop.association.properties.session_id"
+#: gen_ai.operation.name of the LangChain instrumentation's retriever spans
+TRACELOOP_OPERATION_VECTOR_DB_RETRIEVE: Final = "vector_db_retrieve"
+#: One span event per result of a vector-DB query (Chroma, Qdrant, Pinecone, ...).
+DB_QUERY_RESULT_EVENT: Final = "db.query.result"
+DB_QUERY_RESULT_ID: Final = "db.query.result.id"
+DB_QUERY_RESULT_SCORE: Final = "db.query.result.score"
+DB_QUERY_RESULT_DISTANCE: Final = "db.query.result.distance"
+DB_QUERY_RESULT_METADATA: Final = "db.query.result.metadata"
+DB_QUERY_RESULT_DOCUMENT: Final = "db.query.result.document"
 
 # ------------------------------------------------------------------ evaluation
 EVAL_PREFIX: Final = "ragtrace.eval"

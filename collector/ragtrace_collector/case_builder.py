@@ -1,39 +1,259 @@
-"""Evaluation cases from the spans of one trace.
+"""Evaluation cases from the spans of one trace, whatever instrumented them.
 
-Each ``@rag`` span (``ragtrace.span.kind = rag``) becomes one :class:`BuiltCase`:
+The convention modules (:mod:`ragtrace_collector.conventions`: ragtrace, OpenInference,
+OTel GenAI, OpenLLMetry) say what each span is (:class:`~.conventions.Role`) and read
+its documents, question, answer and session; this module picks the case spans and
+builds one :class:`BuiltCase` per case span.  The rest of the collector sees only cases.
 
-* input and actual output from ``input.value`` / ``output.value``;
-* ground truth from the span (``ragtrace.expected_output``, ``ragtrace.reference_contexts``,
-  ``ragtrace.reference_context_ids``, ``ragtrace.expected_outcome``), else from the
-  reference store, field by field;
-* the retrieval context from the retriever spans *under* that ``@rag`` span (nested
-  ``@rag`` spans are cases of their own and are not descended into), in rank order,
-  retriever spans taken in start-time order.  When a reranker ran, the output order of
-  the last reranker to finish wins;
-* the conversation fields (``session.id``, ``user.id``, ``ragtrace.turn.index``).
+**Which span is a case.**
 
-A document without captured content (``capture_content=False`` in the SDK) still
-contributes its id to the ID metrics, but then the text metrics see no retrieval
-context and are skipped with a reason, rather than scored on empty strings.
+* every ragtrace ``@rag`` span (``ragtrace.span.kind = rag``); nested ``@rag`` spans
+  are cases of their own;
+* with ``cases.match`` set, also every span that a matcher selects (span name glob,
+  attribute values, attributes present); nested matches are cases of their own;
+* otherwise (no ``@rag`` span, no ``cases.match``): the *outermost* CHAIN or AGENT
+  span (OpenInference), ``invoke_agent``/``invoke_workflow`` span (GenAI) or
+  ``workflow``/``agent`` span (OpenLLMetry) that has at least one retriever span below
+  it.  A trace with no retriever has no such case (and is forwarded unscored).
+
+**What a case holds.**
+
+* input and actual output: the question and the answer of the case span, read by the
+  convention that claimed it and then by the others (``input.value``,
+  ``gen_ai.input.messages``, ``traceloop.entity.input``, ... with JSON reduced to the
+  text: :mod:`ragtrace_collector.conventions.text`), or from the attributes named by
+  ``cases.question_attribute`` / ``cases.answer_attribute``.  With no question on the
+  case span, the first retriever's query stands in;
+* the retrieval context: the documents of the retriever spans below the case span
+  (not below a nested case span), retriever spans in start-time order, each in rank
+  order; when a reranker ran, the output order of the last reranker to finish wins;
+* ground truth from the span (``ragtrace.expected_output``,
+  ``ragtrace.reference_contexts``, ``ragtrace.reference_context_ids``,
+  ``ragtrace.expected_outcome``), else from the reference store by input, field by
+  field;
+* the conversation: the session id (``session.id``, ``gen_ai.conversation.id``,
+  Traceloop's ``session_id`` association property) from the case span, else from its
+  retriever spans; the turn index from ``ragtrace.turn.index``, else (in a session)
+  the case span's start time in microseconds, which orders the turns.
+
+A document without captured content still contributes its id to the ID metrics, but
+then the text metrics see no retrieval context and are skipped with a reason, rather
+than scored on empty strings.
 """
 
 from __future__ import annotations
 
-import json
+import difflib
+import fnmatch
+import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from opentelemetry.proto.trace.v1 import trace_pb2
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ragtrace import semconv
 from ragtrace_collector.cases import ContextItem, RAGCase
+from ragtrace_collector.conventions import CONVENTIONS, Convention, Document, Role, by_name
+from ragtrace_collector.conventions.base import documents_from_attributes, json_value
+from ragtrace_collector.conventions.text import reduce_answer, reduce_question
+from ragtrace_collector.logs import get_logger
+from ragtrace_collector.sampling import AttrScalar
 from ragtrace_collector.spanattrs import attributes_to_dict
 
-__all__ = ["BuiltCase", "ReferenceLookup", "build_cases", "documents_from_attributes"]
+__all__ = [
+    "BuiltCase",
+    "CaseMatch",
+    "CaseRules",
+    "CasesConfig",
+    "ReferenceLookup",
+    "build_cases",
+    "documents_from_attributes",
+    "may_hold_case",
+]
+
+_log = get_logger("case_builder")
+
+#: Ancestors followed up from a retriever, at most (a guard against parent cycles).
+_MAX_DEPTH = 256
+#: Serialised spans up to this size are searched as bytes by the prefilter; larger
+#: ones are checked attribute by attribute.
+_SEARCH_LIMIT = 8192
 
 
+# -------------------------------------------------------------------- config
+class CaseMatch(BaseModel):
+    """Selects case spans; every condition listed must hold on the span itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Span name, exact or a glob (``answer*``, ``*.query``).
+    span_name: str | None = None
+    #: attribute == value, e.g. ``{app.step: answer}``
+    equals: dict[str, AttrScalar] = Field(default_factory=dict)
+    #: every listed attribute is present
+    exists: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> CaseMatch:
+        if self.span_name is None and not self.equals and not self.exists:
+            raise ValueError("a matcher needs span_name, equals or exists")
+        return self
+
+
+class CasesConfig(BaseModel):
+    """The ``cases:`` section: which spans become evaluation cases, and how they are read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Conventions read, of ``ragtrace``, ``openinference``, ``genai``, ``openllmetry``
+    #: (default all; a span claimed by several is read by the first in this order).
+    conventions: list[str] = Field(default_factory=lambda: [c.name for c in CONVENTIONS])
+    #: Matchers choosing the case spans instead of the default rule (the outermost
+    #: CHAIN/AGENT/workflow span with a retriever below it); ``@rag`` spans stay cases.
+    match: list[CaseMatch] = Field(default_factory=list)
+    #: Attribute of the case span holding the question (JSON reduced); default: the
+    #: convention's (``input.value``, ``gen_ai.input.messages``, ...).
+    question_attribute: str | None = None
+    #: Attribute of the case span holding the answer (JSON reduced); default: the
+    #: convention's (``output.value``, ``gen_ai.output.messages``, ...).
+    answer_attribute: str | None = None
+
+    @field_validator("conventions")
+    @classmethod
+    def _known(cls, names: list[str]) -> list[str]:
+        known = [c.name for c in CONVENTIONS]
+        for name in names:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}?" if close else f"one of: {', '.join(known)}"
+                raise ValueError(f"unknown convention {name!r} ({hint})")
+        if not names:
+            raise ValueError(f"name at least one convention (of: {', '.join(known)})")
+        return names
+
+
+class CaseRules:
+    """:class:`CasesConfig` compiled for the hot path (build once, share)."""
+
+    def __init__(self, config: CasesConfig | None = None) -> None:
+        config = config or CasesConfig()
+        self.conventions: tuple[Convention, ...] = by_name(config.conventions)
+        self.matchers = [
+            (
+                re.compile(fnmatch.translate(m.span_name)) if m.span_name is not None else None,
+                dict(m.equals),
+                list(m.exists),
+            )
+            for m in config.match
+        ]
+        self.question_attribute = config.question_attribute
+        self.answer_attribute = config.answer_attribute
+        markers: dict[str, frozenset[str] | None] = {}
+        for conv in self.conventions:
+            for key, values in conv.markers.items():
+                have = markers.get(key, frozenset())
+                markers[key] = None if values is None or have is None else have | values
+        for _, equals, exists in self.matchers:
+            for key in (*equals, *exists):
+                markers[key] = None
+        self.markers = markers
+        self.event_markers = frozenset(e for c in self.conventions for e in c.event_markers)
+        self._name_patterns = [p for p, equals, exists in self.matchers if p is not None]
+        self._patterns = _marker_patterns(markers, self.event_markers)
+
+    def matches(self, span: trace_pb2.Span, attrs: Mapping[str, Any]) -> bool:
+        for pattern, equals, exists in self.matchers:
+            if pattern is not None and not pattern.fullmatch(span.name):
+                continue
+            if any(attrs.get(k) != v for k, v in equals.items()):
+                continue
+            if any(k not in attrs for k in exists):
+                continue
+            return True
+        return False
+
+    def may_hold_case(self, spans: Iterable[trace_pb2.Span]) -> bool:
+        """Cheap: could these spans hold a case?  True when a span carries a marker
+        attribute (``openinference.span.kind = RETRIEVER``, ``ragtrace.span.kind``,
+        ``gen_ai.operation.name = retrieval``, ...), a marker event, or matches a
+        ``cases.match`` name glob.  False positives only cost a full decode.
+
+        Spans are not decoded: each span is serialised (C code) and the serialised
+        spans are searched, all at once, for the exact protobuf encoding of the marker
+        key/value pairs.  A span larger than :data:`_SEARCH_LIMIT` bytes (a long prompt
+        or document) is checked attribute by attribute instead, so that the cost stays
+        per attribute, not per byte."""
+        if self._name_patterns:
+            return any(self._span_may_hold(span) for span in spans)
+        small: list[bytes] = []
+        for span in spans:
+            blob = span.SerializeToString()
+            if len(blob) <= _SEARCH_LIMIT:
+                small.append(blob)
+            elif self._span_may_hold(span):
+                return True
+        data = b"".join(small)
+        return any(pattern in data for pattern in self._patterns)
+
+    def _span_may_hold(self, span: trace_pb2.Span) -> bool:
+        markers = self.markers
+        for kv in span.attributes:
+            if kv.key in markers:
+                values = markers[kv.key]
+                if values is None or kv.value.string_value in values:
+                    return True
+        if self.event_markers and span.events:
+            for event in span.events:
+                if event.name in self.event_markers:
+                    return True
+        return any(p.fullmatch(span.name) for p in self._name_patterns)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _string_field(tag: int, text: str) -> bytes:
+    data = text.encode()
+    return bytes([tag]) + _varint(len(data)) + data
+
+
+def _marker_patterns(
+    markers: Mapping[str, frozenset[str] | None], events: frozenset[str]
+) -> tuple[bytes, ...]:
+    """The protobuf encodings searched for: ``KeyValue{key, value: AnyValue{string}}``
+    (field 1 ``key``, field 2 ``value``, whose field 1 is ``string_value``), or just
+    the key when any value marks; ``Span.Event`` field 2 (``name``) for the events."""
+    patterns: list[bytes] = []
+    for key, values in markers.items():
+        lead = _string_field(0x0A, key) + b"\x12"
+        if values is None:
+            patterns.append(lead)
+            continue
+        for value in sorted(values):
+            inner = _string_field(0x0A, value)
+            patterns.append(lead + _varint(len(inner)) + inner)
+    patterns.extend(_string_field(0x12, name) for name in sorted(events))
+    return tuple(patterns)
+
+
+DEFAULT_RULES = CaseRules()
+
+
+def may_hold_case(spans: Iterable[trace_pb2.Span], rules: CaseRules | None = None) -> bool:
+    """The evaluator's prefilter: False means no case can be built from ``spans``."""
+    return (rules or DEFAULT_RULES).may_hold_case(spans)
+
+
+# --------------------------------------------------------------------- cases
 class ReferenceLookup(Protocol):
     """What the reference store returns for an input (fields may be None)."""
 
@@ -59,64 +279,29 @@ class BuiltCase:
     #: "span", "reference_store", or None when the case carries no ground truth
     ground_truth_source: str | None = None
     attributes: dict[str, Any] = field(default_factory=dict)
+    #: The convention that claimed the case span (``ragtrace``, ``openinference``, ...).
+    convention: str | None = None
+    #: Where each retrieved document was read, in the case's rank order (the order of
+    #: ``case.retrieval_context``): (retriever or reranker span id hex, the document's
+    #: position on that span), e.g. for document annotations.  None: no retriever ran.
+    document_sources: list[tuple[str, int]] | None = None
 
 
 @dataclass
-class _Doc:
-    id: str | None = None
-    content: str | None = None
-    score: float | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-def documents_from_attributes(attrs: dict[str, Any], prefix: str) -> list[_Doc]:
-    """The ``<prefix>.N.document.*`` records of a span, in index (rank) order."""
-    lead = prefix + "."
-    by_index: dict[int, _Doc] = {}
-    for key, value in attrs.items():
-        if not key.startswith(lead):
-            continue
-        index_text, _, fld = key[len(lead) :].partition(".")
-        if not index_text.isdigit():
-            continue
-        doc = by_index.setdefault(int(index_text), _Doc())
-        if fld == semconv.DOCUMENT_ID:
-            doc.id = None if value is None else str(value)
-        elif fld == semconv.DOCUMENT_CONTENT:
-            doc.content = None if value is None else str(value)
-        elif fld == semconv.DOCUMENT_SCORE:
-            doc.score = float(value) if isinstance(value, (int, float)) else None
-        elif fld == semconv.DOCUMENT_METADATA:
-            doc.metadata = _json_object(value)
-    return [by_index[i] for i in sorted(by_index)]
-
-
-def _json_object(value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            return {"value": value}
-        return parsed if isinstance(parsed, dict) else {"value": parsed}
-    return {}
+class _Node:
+    span: trace_pb2.Span
+    attrs: dict[str, Any]
+    role: Role | None
+    convention: Convention | None
 
 
 def _json_list(value: Any) -> list[str] | None:
     if value is None:
         return None
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            return [value]
-        if isinstance(parsed, list):
-            return [str(v) for v in parsed]
-        return [str(parsed)]
-    return [str(value)]
+    parsed = json_value(value)
+    if isinstance(parsed, list):
+        return [str(v) for v in parsed]
+    return [str(parsed)]
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -128,94 +313,179 @@ def build_cases(
     *,
     service_of: Callable[[trace_pb2.Span], str] | None = None,
     reference_lookup: Callable[[str], ReferenceLookup | None] | None = None,
+    rules: CaseRules | None = None,
 ) -> list[BuiltCase]:
-    """One :class:`BuiltCase` per ``@rag`` span in ``spans`` (one trace's spans)."""
-    if not any(_is_rag(span) for span in spans):
+    """One :class:`BuiltCase` per case span in ``spans`` (one trace's spans)."""
+    rules = rules or DEFAULT_RULES
+    if not rules.may_hold_case(spans):
         return []  # the common case for non-RAG traffic: no attribute decoding at all
-    attrs_of: dict[bytes, dict[str, Any]] = {}
-    children: dict[bytes, list[trace_pb2.Span]] = defaultdict(list)
-    rag_spans: list[trace_pb2.Span] = []
+    nodes: dict[bytes, _Node] = {}
+    children: dict[bytes, list[_Node]] = defaultdict(list)
     for span in spans:
         attrs = attributes_to_dict(span.attributes)
-        attrs_of[span.span_id] = attrs
-        if span.parent_span_id:
-            children[span.parent_span_id].append(span)
-        if attrs.get(semconv.RAGTRACE_SPAN_KIND) == semconv.KIND_RAG:
-            rag_spans.append(span)
+        role: Role | None = None
+        claimed: Convention | None = None
+        for conv in rules.conventions:
+            role = conv.role(span, attrs)
+            if role is not None:
+                claimed = conv
+                break
+        node = _Node(span, attrs, role, claimed)
+        nodes[span.span_id] = node
+    for node in nodes.values():
+        if node.span.parent_span_id:
+            children[node.span.parent_span_id].append(node)
+
+    explicit = [
+        n
+        for n in nodes.values()
+        if n.role is Role.CASE or (rules.matchers and rules.matches(n.span, n.attrs))
+    ]
+    # @rag spans or matched spans when there are any (or matchers are set), else the
+    # outermost root above each retriever.
+    case_nodes = explicit if explicit or rules.matchers else _outermost_roots(nodes)
+    stops = {n.span.span_id for n in case_nodes}
 
     built: list[BuiltCase] = []
-    for rag in rag_spans:
-        attrs = attrs_of[rag.span_id]
-        retrievers, rerankers = _retrieval_spans_under(rag, children, attrs_of)
-        docs = _context_docs(retrievers, rerankers, attrs_of)
-        built.append(
-            _build_one(
-                rag,
-                attrs,
-                docs,
-                service=service_of(rag) if service_of else "unknown",
+    for node in case_nodes:
+        retrievers, rerankers = _retrieval_under(node, children, stops)
+        try:
+            case = _build_one(
+                node,
+                retrievers,
+                rerankers,
+                rules=rules,
+                service=service_of(node.span) if service_of else "unknown",
                 reference_lookup=reference_lookup,
             )
-        )
+        except Exception as exc:  # spans are untrusted: that case is skipped, not the trace
+            _log.warning(
+                "case_build_failed",
+                trace_id=node.span.trace_id.hex(),
+                span_id=node.span.span_id.hex(),
+                error=repr(exc),
+            )
+            continue
+        built.append(case)
     return built
 
 
-def _is_rag(span: trace_pb2.Span) -> bool:
-    for kv in span.attributes:
-        if kv.key == semconv.RAGTRACE_SPAN_KIND:
-            return bool(kv.value.string_value == semconv.KIND_RAG)
-    return False
+def _outermost_roots(nodes: Mapping[bytes, _Node]) -> list[_Node]:
+    """The outermost ROOT ancestor of every retriever, each once, in span order."""
+    chosen: dict[bytes, _Node] = {}
+    for node in nodes.values():
+        if node.role is not Role.RETRIEVER:
+            continue
+        top: _Node | None = None
+        parent_id = node.span.parent_span_id
+        for _ in range(_MAX_DEPTH):
+            parent = nodes.get(parent_id) if parent_id else None
+            if parent is None:
+                break
+            if parent.role is Role.ROOT:
+                top = parent
+            parent_id = parent.span.parent_span_id
+        if top is not None:
+            chosen.setdefault(top.span.span_id, top)
+    order = {sid: i for i, sid in enumerate(nodes)}
+    return sorted(chosen.values(), key=lambda n: order[n.span.span_id])
 
 
-def _retrieval_spans_under(
-    rag: trace_pb2.Span,
-    children: dict[bytes, list[trace_pb2.Span]],
-    attrs_of: dict[bytes, dict[str, Any]],
-) -> tuple[list[trace_pb2.Span], list[trace_pb2.Span]]:
-    retrievers: list[trace_pb2.Span] = []
-    rerankers: list[trace_pb2.Span] = []
-    stack = list(children.get(rag.span_id, ()))
+def _retrieval_under(
+    case: _Node, children: Mapping[bytes, list[_Node]], stops: set[bytes]
+) -> tuple[list[_Node], list[_Node]]:
+    retrievers: list[_Node] = []
+    rerankers: list[_Node] = []
+    seen: set[bytes] = {case.span.span_id}
+    stack = list(children.get(case.span.span_id, ()))
     while stack:
-        span = stack.pop()
-        kind = attrs_of[span.span_id].get(semconv.RAGTRACE_SPAN_KIND)
-        if kind == semconv.KIND_RAG:
-            continue  # a nested @rag span is a case of its own
-        if kind == semconv.KIND_RETRIEVER:
-            retrievers.append(span)
-        elif kind == semconv.KIND_RERANKER:
-            rerankers.append(span)
-        stack.extend(children.get(span.span_id, ()))
-    retrievers.sort(key=lambda s: (s.start_time_unix_nano, s.span_id))
-    rerankers.sort(key=lambda s: (s.end_time_unix_nano, s.span_id))
+        node = stack.pop()
+        sid = node.span.span_id
+        if sid in stops or sid in seen:
+            continue  # a nested case span is a case of its own
+        seen.add(sid)
+        if node.role is Role.RETRIEVER:
+            retrievers.append(node)
+        elif node.role is Role.RERANKER:
+            rerankers.append(node)
+        stack.extend(children.get(sid, ()))
+    retrievers.sort(key=lambda n: (n.span.start_time_unix_nano, n.span.span_id))
+    rerankers.sort(key=lambda n: (n.span.end_time_unix_nano, n.span.span_id))
     return retrievers, rerankers
 
 
 def _context_docs(
-    retrievers: Iterable[trace_pb2.Span],
-    rerankers: list[trace_pb2.Span],
-    attrs_of: dict[bytes, dict[str, Any]],
-) -> list[_Doc] | None:
-    if rerankers:
-        return documents_from_attributes(
-            attrs_of[rerankers[-1].span_id], semconv.RERANKER_OUTPUT_DOCUMENTS
-        )
-    docs: list[_Doc] = []
-    found = False
-    for span in retrievers:
-        found = True
-        docs.extend(documents_from_attributes(attrs_of[span.span_id], semconv.RETRIEVAL_DOCUMENTS))
-    return docs if found else None
+    retrievers: list[_Node], rerankers: list[_Node]
+) -> tuple[list[Document], list[tuple[str, int]]] | None:
+    """The case's documents in rank order, each with (span id hex, position on that
+    span) of where it was read; None when no retriever ran or none recorded its
+    documents (then the ID metrics are skipped rather than scored on "found none")."""
+    sources = (
+        [(rerankers[-1], Role.RERANKER)]
+        if rerankers
+        else [(node, Role.RETRIEVER) for node in retrievers]
+    )
+    if not sources:
+        return None
+    docs: list[Document] = []
+    where: list[tuple[str, int]] = []
+    recorded = False
+    for node, role in sources:
+        assert node.convention is not None
+        found = node.convention.documents(node.span, node.attrs, role)
+        if found is None:
+            continue  # this span did not record its documents (not: found none)
+        recorded = True
+        docs.extend(found)
+        where.extend((node.span.span_id.hex(), i) for i in range(len(found)))
+    return (docs, where) if recorded else None
+
+
+def _read_order(node: _Node, rules: CaseRules) -> list[Convention]:
+    first = [node.convention] if node.convention is not None else []
+    return first + [c for c in rules.conventions if c is not node.convention]
+
+
+def _first(readers: Iterable[Callable[[Mapping[str, Any]], str | None]], attrs: Any) -> str | None:
+    for read in readers:
+        value = read(attrs)
+        if value:
+            return value
+    return None
 
 
 def _build_one(
-    rag: trace_pb2.Span,
-    attrs: dict[str, Any],
-    docs: list[_Doc] | None,
+    node: _Node,
+    retrievers: list[_Node],
+    rerankers: list[_Node],
     *,
+    rules: CaseRules,
     service: str,
     reference_lookup: Callable[[str], ReferenceLookup | None] | None,
 ) -> BuiltCase:
-    user_input = _str_or_none(attrs.get(semconv.INPUT_VALUE))
+    attrs = node.attrs
+    order = _read_order(node, rules)
+    if rules.question_attribute is not None:
+        user_input = reduce_question(attrs.get(rules.question_attribute))
+    else:
+        user_input = _first((c.question for c in order), attrs)
+        if not user_input:
+            for retriever in retrievers:
+                user_input = _first(
+                    (c.retrieval_query for c in _read_order(retriever, rules)), retriever.attrs
+                )
+                if user_input:
+                    break
+    if rules.answer_attribute is not None:
+        actual_output = reduce_answer(attrs.get(rules.answer_attribute))
+    else:
+        actual_output = _first((c.answer for c in order), attrs)
+    session_id = _first((c.session_id for c in order), attrs)
+    for retriever in retrievers:
+        if session_id:
+            break
+        session_id = _first((c.session_id for c in _read_order(retriever, rules)), retriever.attrs)
+
     expected_output = _str_or_none(attrs.get(semconv.EXPECTED_OUTPUT))
     reference_contexts = _json_list(attrs.get(semconv.REFERENCE_CONTEXTS))
     reference_ids = _json_list(attrs.get(semconv.REFERENCE_CONTEXT_IDS))
@@ -250,6 +520,8 @@ def _build_one(
             if filled and source is None:
                 source = "reference_store"
 
+    found = _context_docs(retrievers, rerankers)
+    docs, document_sources = found if found is not None else (None, None)
     retrieval_context: list[ContextItem] | None = None
     retrieved_ids: list[str] | None = None
     if docs is not None:
@@ -263,12 +535,19 @@ def _build_one(
                 for d in docs
             ]
 
+    span = node.span
     turn = attrs.get(semconv.TURN_INDEX)
-    trace_id = rag.trace_id.hex()
-    span_id = rag.span_id.hex()
+    if isinstance(turn, (int, float)) and not isinstance(turn, bool):
+        turn_index: int | None = int(turn)
+    elif session_id:
+        turn_index = span.start_time_unix_nano // 1000
+    else:
+        turn_index = None
+    trace_id = span.trace_id.hex()
+    span_id = span.span_id.hex()
     case = RAGCase(
         input=user_input,
-        actual_output=_str_or_none(attrs.get(semconv.OUTPUT_VALUE)),
+        actual_output=actual_output,
         expected_output=expected_output,
         retrieval_context=retrieval_context,
         reference_contexts=reference_contexts,
@@ -277,17 +556,17 @@ def _build_one(
         case_id=f"{trace_id}:{span_id}",
     )
     return BuiltCase(
-        span=rag,
+        span=span,
         case=case,
         trace_id=trace_id,
         span_id=span_id,
         service=service,
-        session_id=_str_or_none(
-            attrs.get(semconv.SESSION_ID) or attrs.get(semconv.GEN_AI_CONVERSATION_ID)
-        ),
+        session_id=session_id,
         user_id=_str_or_none(attrs.get(semconv.USER_ID)),
-        turn_index=int(turn) if isinstance(turn, (int, float)) else None,
+        turn_index=turn_index,
         expected_outcome=expected_outcome,
         ground_truth_source=source,
         attributes=attrs,
+        convention=node.convention.name if node.convention is not None else None,
+        document_sources=document_sources,
     )

@@ -42,6 +42,7 @@ from pydantic import (
 )
 
 from ragtrace_collector.alerts.config import AlertsConfig, check_one_auth_source
+from ragtrace_collector.case_builder import CasesConfig
 from ragtrace_collector.enrichment import EnrichmentConfig
 from ragtrace_collector.judges.config import JudgeConfig
 from ragtrace_collector.logs import redact, url_secrets
@@ -563,6 +564,12 @@ class CollectorConfig(StrictModel):
         default_factory=EvaluationConfig,
         description="Evaluation workers, queue and deadlines; `enabled: false` makes the "
         "collector a plain OTLP pass-through.",
+    )
+    cases: CasesConfig = Field(
+        default_factory=CasesConfig,
+        description="Which spans become evaluation cases: ragtrace `@rag` spans, else the "
+        "outermost CHAIN/AGENT/workflow span with a retriever below it (OpenInference, OTel "
+        "GenAI, OpenLLMetry); matchers and attributes to override that.",
     )
     sampling: SamplingConfig = Field(
         default_factory=SamplingConfig,

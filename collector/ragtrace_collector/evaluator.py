@@ -3,8 +3,10 @@
 It plugs into the pipeline's one hook (:class:`~ragtrace_collector.pipeline.TraceProcessor`).
 For every ready trace:
 
-1. build one case per ``@rag`` span (:mod:`ragtrace_collector.case_builder`), filling
-   ground truth from the reference store;
+1. build one case per case span (a ``@rag`` span, or the outermost chain/agent span
+   with a retriever below it, whatever the convention:
+   :mod:`ragtrace_collector.case_builder`), filling ground truth from the reference
+   store; a trace that cannot hold a case is forwarded at once;
 2. sample (:mod:`ragtrace_collector.sampling`): the decision and the rate go on every
    ``@rag`` span; a trace that is not sampled, or that has no ``@rag`` span, is
    forwarded at once and never waits on a judge;
@@ -42,7 +44,7 @@ from typing import Any
 
 from ragtrace import semconv
 from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
-from ragtrace_collector.case_builder import BuiltCase, build_cases
+from ragtrace_collector.case_builder import BuiltCase, CaseRules, build_cases, may_hold_case
 from ragtrace_collector.cases import ContextItem, Conversation, Turn
 from ragtrace_collector.config import EvaluationConfig
 from ragtrace_collector.enrichment import (
@@ -106,6 +108,7 @@ class OnlineEvaluator:
         telemetry: Telemetry,
         reference_lookup: Callable[[str], Any] | None = None,
         listeners: Sequence[ResultListener] = (),
+        case_rules: CaseRules | None = None,
     ) -> None:
         self.config = config
         self.judge = judge
@@ -115,6 +118,7 @@ class OnlineEvaluator:
         self._telemetry = telemetry
         self._reference_lookup = reference_lookup
         self._listeners = list(listeners)
+        self._case_rules = case_rules or CaseRules()
         self._log = get_logger("evaluator")
         self.case_metrics: list[Metric] = [m for m in metrics if m.kind == "case"]
         self.conversation_metrics: list[ConversationMetric] = [
@@ -179,8 +183,13 @@ class OnlineEvaluator:
 
     # --------------------------------------------------------------- submit
     def submit(self, trace: AssembledTrace, forward: Forward) -> None:
-        if not self.config.enabled or trace.late or self._draining:
-            forward(trace)
+        if (
+            not self.config.enabled
+            or trace.late
+            or self._draining
+            or not may_hold_case((s for g in trace.groups for s in g.spans), self._case_rules)
+        ):
+            forward(trace)  # not RAG (no retriever, no case span): unscored, at once
             return
         groups_of: dict[int, SpanGroup] = {}
         spans: list[Span] = []
@@ -202,7 +211,12 @@ class OnlineEvaluator:
                 service_cache[key] = name
             return name
 
-        cases = build_cases(spans, service_of=service_of, reference_lookup=self._reference_lookup)
+        cases = build_cases(
+            spans,
+            service_of=service_of,
+            reference_lookup=self._reference_lookup,
+            rules=self._case_rules,
+        )
         if not cases:
             forward(trace)
             return

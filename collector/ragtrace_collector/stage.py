@@ -19,6 +19,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ragtrace_collector.alerts.detector import DropDetector
+from ragtrace_collector.case_builder import CaseRules
 from ragtrace_collector.component import Component, Status, Supervisor
 from ragtrace_collector.config import ConfigError
 from ragtrace_collector.evaluator import OnlineEvaluator
@@ -180,6 +181,7 @@ def build_stage(
         telemetry=telemetry,
         reference_lookup=reference_store.lookup if reference_store is not None else None,
         listeners=listeners,
+        case_rules=CaseRules(config.cases),
     )
     on_call_hooks.append(evaluator.judge_listener())
     judge_status = JudgeStatus(judge.model)

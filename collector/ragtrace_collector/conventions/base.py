@@ -1,0 +1,242 @@
+"""What every convention module provides, and the pieces they share.
+
+A convention module maps one span (its decoded attributes and its events) to a
+:class:`Role` and, for the spans it claims, reads what a case needs: retrieved
+documents, the question, the answer, the session.  It never sees a trace and never
+builds a case; :mod:`ragtrace_collector.case_builder` does that from what the modules
+say, so the rest of the collector sees only cases.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from ragtrace import semconv
+from ragtrace._documents import extract_document, iter_documents
+from ragtrace_collector.spanattrs import attributes_to_dict
+
+__all__ = [
+    "Attrs",
+    "Convention",
+    "Document",
+    "Role",
+    "as_text",
+    "documents_from_attributes",
+    "documents_from_json",
+    "event_attributes",
+    "fill_ids",
+    "json_value",
+    "role_from",
+    "text_attribute",
+]
+
+Attrs = Mapping[str, Any]
+
+#: Elements read from one JSON document list, at most (a guard on untrusted input).
+_MAX_JSON_DOCUMENTS = 1000
+
+
+class Role(enum.Enum):
+    """What a span is to case building."""
+
+    #: Always a case of its own (a ragtrace ``@rag`` span).
+    CASE = "case"
+    #: May be a case: the outermost such span with a retriever below it is one
+    #: (an OpenInference CHAIN/AGENT, a GenAI agent or workflow, a Traceloop workflow).
+    ROOT = "root"
+    RETRIEVER = "retriever"
+    RERANKER = "reranker"
+
+
+@dataclass
+class Document:
+    """One retrieved document as read from a span."""
+
+    id: str | None = None
+    content: str | None = None
+    score: float | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class Convention(Protocol):
+    """One instrumentation convention (a module of this package)."""
+
+    @property
+    def name(self) -> str:
+        """The name used in ``cases.conventions``."""
+        ...
+
+    @property
+    def markers(self) -> Mapping[str, frozenset[str] | None]:
+        """Attribute keys that mark a span this convention may use, each with the string
+        values that do (None: any value).  The prefilter
+        (:func:`~ragtrace_collector.case_builder.may_hold_case`) reads only these, so a
+        trace without them is never decoded."""
+        ...
+
+    @property
+    def event_markers(self) -> frozenset[str]:
+        """Span event names that mark a retriever span."""
+        ...
+
+    def role(self, span: trace_pb2.Span, attrs: Attrs) -> Role | None: ...
+
+    def documents(self, span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document] | None:
+        """The documents of a RETRIEVER span (rank order), or a RERANKER's output; None
+        when the span does not record them (an empty list: it found none)."""
+        ...
+
+    def question(self, attrs: Attrs) -> str | None: ...
+
+    def answer(self, attrs: Attrs) -> str | None: ...
+
+    def session_id(self, attrs: Attrs) -> str | None: ...
+
+    def retrieval_query(self, attrs: Attrs) -> str | None:
+        """What a RETRIEVER span searched for (the question when the case span has none)."""
+        ...
+
+
+# ------------------------------------------------------------------ helpers
+def json_value(value: Any) -> Any:
+    """``value`` parsed as JSON when it is a string holding a JSON object or array;
+    otherwise ``value`` unchanged.  Never raises."""
+    if isinstance(value, str):
+        text = value.lstrip()
+        if text[:1] in ("{", "["):
+            try:
+                return json.loads(text)
+            except (ValueError, RecursionError):
+                return value
+    return value
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    parsed = json_value(value)
+    if isinstance(parsed, dict):
+        return parsed
+    if parsed is None or parsed == "":
+        return {}
+    return {"value": parsed}
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def as_text(value: Any) -> str | None:
+    """A string as is, None as None, anything else as JSON."""
+    if value is None:
+        return None
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def documents_from_attributes(attrs: Attrs, prefix: str) -> list[Document]:
+    """The OpenInference ``<prefix>.N.document.*`` records of a span, in index order.
+
+    A document without ``document.id`` takes its id from its metadata, with the keys
+    the SDK reads (``id``, ``doc_id``, ...: :func:`ragtrace._documents.extract_document`).
+    """
+    lead = prefix + "."
+    by_index: dict[int, Document] = {}
+    for key, value in attrs.items():
+        if not key.startswith(lead):
+            continue
+        index_text, _, fld = key[len(lead) :].partition(".")
+        if not index_text.isdigit():
+            continue
+        doc = by_index.setdefault(int(index_text), Document())
+        if fld == semconv.DOCUMENT_ID:
+            doc.id = None if value is None else str(value)
+        elif fld == semconv.DOCUMENT_CONTENT:
+            doc.content = None if value is None else str(value)
+        elif fld == semconv.DOCUMENT_SCORE:
+            doc.score = _as_float(value)
+        elif fld == semconv.DOCUMENT_METADATA:
+            doc.metadata = _json_object(value)
+    docs = [by_index[i] for i in sorted(by_index)]
+    for doc in docs:
+        if doc.id is None and doc.metadata:
+            doc.id = _record_id({"metadata": doc.metadata})
+    return docs
+
+
+def _record_id(item: Any) -> str | None:
+    try:
+        return extract_document(item).id
+    except Exception:  # untrusted JSON of any shape: no id rather than a failed case
+        return None
+
+
+def documents_from_json(value: Any) -> list[Document] | None:
+    """Documents from a JSON value (or a string holding one): a list of documents, or an
+    object holding one under ``documents``/``nodes``/``results``/... (the SDK's
+    duck-typed reading: ids, content, score and metadata under the keys it knows).
+    None when ``value`` holds no list."""
+    parsed = json_value(value)
+    if not isinstance(parsed, (list, dict)):
+        return None
+    try:
+        items = iter_documents(parsed)
+    except Exception:
+        return None
+    if items is None or (isinstance(parsed, dict) and len(items) == 1 and items[0] is parsed):
+        return None  # an object that is not a container of documents
+    docs: list[Document] = []
+    for item in list(items)[:_MAX_JSON_DOCUMENTS]:
+        try:
+            record = extract_document(item)
+        except Exception:
+            docs.append(Document())
+            continue
+        metadata = record.metadata if isinstance(record.metadata, dict) else {}
+        docs.append(
+            Document(
+                id=record.id,
+                content=as_text(record.content),
+                score=_as_float(record.score),
+                metadata=dict(metadata),
+            )
+        )
+    return docs
+
+
+def fill_ids(docs: Sequence[Document], fallback: Sequence[Document] | None) -> None:
+    """Give the documents without an id the id of the document at the same rank in
+    ``fallback`` (e.g. read from the span's ``output.value``), when that one has the
+    same content or either content is unknown."""
+    if not fallback or len(fallback) != len(docs):
+        return
+    for doc, other in zip(docs, fallback, strict=True):
+        same = doc.content is None or other.content is None or doc.content == other.content
+        if doc.id is None and other.id is not None and same:
+            doc.id = other.id
+
+
+def event_attributes(event: trace_pb2.Span.Event) -> dict[str, Any]:
+    return attributes_to_dict(event.attributes)
+
+
+def role_from(attrs: Attrs, key: str, roles: Mapping[str, Role]) -> Role | None:
+    """The role that ``roles`` gives the string value of ``key``, if any."""
+    value = attrs.get(key)
+    return roles.get(value) if isinstance(value, str) else None
+
+
+def text_attribute(attrs: Attrs, *keys: str) -> str | None:
+    """The first of ``keys`` that is set and not empty, as text."""
+    for key in keys:
+        value = attrs.get(key)
+        if value is not None and value != "":
+            return str(value)
+    return None
