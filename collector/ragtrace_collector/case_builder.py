@@ -31,7 +31,13 @@ from ragtrace import semconv
 from ragtrace_collector.cases import ContextItem, RAGCase
 from ragtrace_collector.spanattrs import attributes_to_dict
 
-__all__ = ["BuiltCase", "ReferenceLookup", "build_cases", "documents_from_attributes"]
+__all__ = [
+    "BuiltCase",
+    "DocumentSource",
+    "ReferenceLookup",
+    "build_cases",
+    "documents_from_attributes",
+]
 
 
 class ReferenceLookup(Protocol):
@@ -41,6 +47,15 @@ class ReferenceLookup(Protocol):
     reference_contexts: list[str] | None
     reference_context_ids: list[str] | None
     expected_outcome: str | None
+
+
+@dataclass(frozen=True)
+class DocumentSource:
+    """A retrieved document's place: its retriever (or reranker) span and index there."""
+
+    span_id: str
+    position: int
+    id: str | None = None
 
 
 @dataclass
@@ -59,6 +74,9 @@ class BuiltCase:
     #: "span", "reference_store", or None when the case carries no ground truth
     ground_truth_source: str | None = None
     attributes: dict[str, Any] = field(default_factory=dict)
+    #: Where each retrieved document sits, in rank order (the order of the retrieval
+    #: context, when it was captured).
+    document_sources: list[DocumentSource] = field(default_factory=list)
 
 
 @dataclass
@@ -67,6 +85,8 @@ class _Doc:
     content: str | None = None
     score: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: The span that lists it and its index there (see BuiltCase.document_sources).
+    source: DocumentSource | None = None
 
 
 def documents_from_attributes(attrs: dict[str, Any], prefix: str) -> list[_Doc]:
@@ -89,6 +109,12 @@ def documents_from_attributes(attrs: dict[str, Any], prefix: str) -> list[_Doc]:
         elif fld == semconv.DOCUMENT_METADATA:
             doc.metadata = _json_object(value)
     return [by_index[i] for i in sorted(by_index)]
+
+
+def _located(span: trace_pb2.Span, docs: list[_Doc]) -> list[_Doc]:
+    for position, doc in enumerate(docs):
+        doc.source = DocumentSource(span.span_id.hex(), position, doc.id)
+    return docs
 
 
 def _json_object(value: Any) -> dict[str, Any]:
@@ -196,14 +222,20 @@ def _context_docs(
     attrs_of: dict[bytes, dict[str, Any]],
 ) -> list[_Doc] | None:
     if rerankers:
-        return documents_from_attributes(
-            attrs_of[rerankers[-1].span_id], semconv.RERANKER_OUTPUT_DOCUMENTS
+        last = rerankers[-1]
+        return _located(
+            last,
+            documents_from_attributes(attrs_of[last.span_id], semconv.RERANKER_OUTPUT_DOCUMENTS),
         )
     docs: list[_Doc] = []
     found = False
     for span in retrievers:
         found = True
-        docs.extend(documents_from_attributes(attrs_of[span.span_id], semconv.RETRIEVAL_DOCUMENTS))
+        docs.extend(
+            _located(
+                span, documents_from_attributes(attrs_of[span.span_id], semconv.RETRIEVAL_DOCUMENTS)
+            )
+        )
     return docs if found else None
 
 
@@ -290,4 +322,5 @@ def _build_one(
         expected_outcome=expected_outcome,
         ground_truth_source=source,
         attributes=attrs,
+        document_sources=[d.source for d in docs or () if d.source is not None],
     )

@@ -1,4 +1,4 @@
-"""Exporters: OTLP/gRPC, OTLP/HTTP and OTLP/JSON file, each with its own queue."""
+"""Exporters: OTLP/gRPC, OTLP/HTTP, OTLP/JSON file and Phoenix, each with its own queue."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from ragtrace_collector.config import (
     FileExporterConfig,
     OtlpGrpcExporterConfig,
     OtlpHttpExporterConfig,
+    PhoenixExporterConfig,
 )
 from ragtrace_collector.exporters.base import Exporter, ExportError
 from ragtrace_collector.telemetry import Telemetry
@@ -16,6 +17,10 @@ __all__ = ["ExportError", "Exporter", "build_exporter"]
 
 def build_exporter(name: str, config: ExporterConfig, telemetry: Telemetry) -> Exporter[object]:
     """The exporter for one ``exporters.<name>`` config section."""
+    if isinstance(config, PhoenixExporterConfig):
+        from ragtrace_collector.exporters.phoenix import PhoenixExporter
+
+        return PhoenixExporter(name, config, telemetry)  # type: ignore[return-value]
     if isinstance(config, OtlpHttpExporterConfig):
         from ragtrace_collector.exporters.otlp_http import OtlpHttpExporter
 

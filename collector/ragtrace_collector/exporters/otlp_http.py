@@ -19,10 +19,15 @@ import aiohttp
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
-from ragtrace_collector.config import ClientTLSConfig, OtlpHttpExporterConfig
+from ragtrace_collector.config import (
+    ClientTLSConfig,
+    OtlpHttpExporterConfig,
+    PhoenixExporterConfig,
+)
 from ragtrace_collector.exporters.base import Exporter, ExportError
 from ragtrace_collector.otlp import (
     CONTENT_TYPE_PROTOBUF,
+    ExportTraceServiceRequest,
     ExportTraceServiceResponse,
     SpanGroup,
     build_request,
@@ -68,7 +73,12 @@ def client_ssl_context(tls: ClientTLSConfig) -> ssl.SSLContext:
 class OtlpHttpExporter(Exporter[bytes]):
     kind = "otlp_http"
 
-    def __init__(self, name: str, config: OtlpHttpExporterConfig, telemetry: Telemetry) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: OtlpHttpExporterConfig | PhoenixExporterConfig,
+        telemetry: Telemetry,
+    ) -> None:
         super().__init__(name, config, telemetry)
         self._config = config
         self._url = config.traces_url()
@@ -99,7 +109,10 @@ class OtlpHttpExporter(Exporter[bytes]):
             self._session = None
 
     async def _encode(self, groups: Sequence[SpanGroup]) -> bytes:
-        body: bytes = build_request(groups).SerializeToString()
+        return self._serialize(build_request(groups))
+
+    def _serialize(self, request: ExportTraceServiceRequest) -> bytes:
+        body: bytes = request.SerializeToString()
         if self._gzip:
             body = gzip.compress(body, compresslevel=1)
         return body
