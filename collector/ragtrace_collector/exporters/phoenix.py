@@ -29,14 +29,19 @@ carrier links to, and the carrier itself is not sent unless ``carrier_spans: tru
 the spans may find no span yet (404 with ``sync=true``).  Such answers, 429, 5xx and
 connection failures are retried with exponential backoff for at most
 ``annotations.max_wait`` (and never past the shutdown deadline); any other answer is
-final.  A batch's spans are sent once: a failing annotation never re-sends them.
-Counted in ``ragtrace_annotations_total{exporter,kind,outcome}``.
+final (a refused multi-item request is retried item by item, so one bad item does not
+cost the others).  Once Phoenix took a batch's spans, the batch's annotations wait in
+their own task while the export workers go on; at most ``_MAX_ANNOTATING`` batches wait
+at once, beyond which the export queue waits (bounded memory, nothing dropped).  A
+failing annotation never re-sends the spans.  Counted in
+``ragtrace_annotations_total{exporter,kind,outcome}``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +53,11 @@ from ragtrace import semconv
 from ragtrace_collector.config import PhoenixExporterConfig
 from ragtrace_collector.document_verdicts import decode_verdicts
 from ragtrace_collector.enrichment import CARRIER_SPAN_NAME, annotator_kind
-from ragtrace_collector.exporters.otlp_http import OtlpHttpExporter, parse_retry_after
+from ragtrace_collector.exporters.otlp_http import (
+    OtlpHttpExporter,
+    client_ssl_context,
+    parse_retry_after,
+)
 from ragtrace_collector.otlp import Span, SpanGroup, build_request
 from ragtrace_collector.spanattrs import any_value_to_python, set_attribute
 from ragtrace_collector.telemetry import Telemetry
@@ -58,12 +67,17 @@ __all__ = ["PhoenixAnnotations", "PhoenixExporter", "is_carrier", "read_annotati
 #: The identifier of every span and session annotation ragtrace writes.
 IDENTIFIER: Final = "ragtrace"
 _EVAL_LEAD: Final = semconv.EVAL_PREFIX + "."
+_SPAN_KEYS: Final = frozenset({semconv.SESSION_ID, semconv.TURN_INDEX})
 _RETRYABLE: Final = frozenset({404, 408, 429, 500, 502, 503, 504})
 _FIRST_DELAY: Final = 0.1
 _MAX_DELAY: Final = 5.0
 _MAX_ANSWER: Final = 2000
 #: Sessions whose latest annotated turn is remembered (oldest forgotten first).
 _MAX_SESSIONS: Final = 10_000
+#: Batches whose annotations may wait for Phoenix at once.
+_MAX_ANNOTATING: Final = 64
+#: Connections for the annotation requests.
+_REST_CONNECTIONS: Final = 4
 
 
 @dataclass
@@ -96,12 +110,15 @@ def is_carrier(span: Span) -> bool:
 
 
 def _metric_fields(span: Span) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """(span-level ``ragtrace.eval.*`` values, metric -> field -> value)."""
+    """(span-level values: ``ragtrace.eval.*`` without a metric, ``session.id`` and the
+    turn index; metric -> field -> value), in one pass over the attributes."""
     summary: dict[str, Any] = {}
     metrics: dict[str, dict[str, Any]] = {}
     for kv in span.attributes:
         key = kv.key
         if not key.startswith(_EVAL_LEAD):
+            if key in _SPAN_KEYS:
+                summary[key] = any_value_to_python(kv.value)
             continue
         rest = key[len(_EVAL_LEAD) :]
         metric, dot, fld = rest.partition(".")
@@ -148,13 +165,9 @@ def read_annotations(span: Span) -> PhoenixAnnotations:
         return out
     span_id = target.hex()
     model = _text(summary.get(semconv.EVAL_MODEL))
-    session_id: str | None = None
-    turn: int | None = None
-    for kv in span.attributes:
-        if kv.key == semconv.SESSION_ID and kv.value.string_value:
-            session_id = kv.value.string_value
-        elif kv.key == semconv.TURN_INDEX and kv.value.HasField("int_value"):
-            turn = int(kv.value.int_value)
+    session_id = _text(summary.get(semconv.SESSION_ID)) or None
+    raw_turn = summary.get(semconv.TURN_INDEX)
+    turn = raw_turn if isinstance(raw_turn, int) and not isinstance(raw_turn, bool) else None
     for metric, fields in sorted(metrics.items()):
         score = _number(fields.get(semconv.EVAL_FIELD_SCORE))
         error = _text(fields.get(semconv.EVAL_FIELD_ERROR))
@@ -239,8 +252,6 @@ class _Body(bytes):
     included)."""
 
     annotations: PhoenixAnnotations
-    #: Phoenix took the spans: a retry after this only concerns annotations.
-    delivered: bool
     #: No span to send (only carrier spans, which are not forwarded).
     empty: bool
 
@@ -258,6 +269,9 @@ class PhoenixExporter(OtlpHttpExporter):
             self._headers["Authorization"] = auth
             self._rest_headers["Authorization"] = auth
         self._session_turns: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._annotating: set[asyncio.Task[None]] = set()
+        self._rest: aiohttp.ClientSession | None = None
+        self._slots = asyncio.Semaphore(_MAX_ANNOTATING)
 
     # ------------------------------------------------------------- encoding
     async def _encode(self, groups: Sequence[SpanGroup]) -> bytes:
@@ -289,7 +303,6 @@ class PhoenixExporter(OtlpHttpExporter):
                 )
         body = _Body(self._serialize(request))
         body.annotations = self._select(annotations)
-        body.delivered = False
         body.empty = not kept
         return body
 
@@ -319,26 +332,83 @@ class PhoenixExporter(OtlpHttpExporter):
 
     # -------------------------------------------------------------- sending
     async def _send(self, payload: bytes, spans: int) -> int:
-        rejected = 0
-        if isinstance(payload, _Body):
-            if not payload.delivered and not payload.empty:
-                rejected = await super()._send(payload, spans)
-            payload.delivered = True
-            await self._annotate(payload.annotations)
-            return rejected
-        return await super()._send(payload, spans)
+        if not isinstance(payload, _Body):
+            return await super()._send(payload, spans)
+        rejected = 0 if payload.empty else await super()._send(payload, spans)
+        if payload.annotations:
+            # Phoenix took the spans; their annotations wait (for Phoenix to store
+            # them) beside the export workers, which go on with the next batch.  At
+            # most _MAX_ANNOTATING batches wait: past that, the export queue waits.
+            await self._slots.acquire()
+            task = asyncio.create_task(
+                self._annotate(payload.annotations), name=f"exporter-{self.name}-annotate"
+            )
+            self._annotating.add(task)
+            task.add_done_callback(self._annotated)
+        return rejected
+
+    async def _open(self) -> None:
+        await super()._open()
+        # Its own few connections: annotations waiting for Phoenix never hold up the
+        # span exports, and Phoenix (whose sync inserts are heavy) gets a bounded load.
+        # The timeout counts from the request, not from the wait for a connection.
+        tls: ssl.SSLContext | bool = True
+        if self._base.startswith("https://"):
+            tls = client_ssl_context(self._phoenix.tls)
+        self._rest = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=_REST_CONNECTIONS, ssl=tls),
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=self._phoenix.timeout, sock_read=self._phoenix.timeout
+            ),
+        )
+
+    def _annotated(self, task: asyncio.Task[None]) -> None:
+        self._annotating.discard(task)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            self._log.error("phoenix_annotation_failed", error=repr(task.exception()))
+
+    async def _close_client(self) -> None:
+        """At shutdown: annotations still waiting get until the deadline, then count
+        as given up; then the HTTP client closes."""
+        if self._annotating:
+            loop = asyncio.get_running_loop()
+            deadline = self._deadline if self._deadline is not None else loop.time()
+            _, late = await asyncio.wait(
+                set(self._annotating), timeout=max(0.0, deadline - loop.time())
+            )
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.gather(*late, return_exceptions=True)
+        if self._rest is not None:
+            await self._rest.close()
+            self._rest = None
+        await super()._close_client()
 
     async def _annotate(self, annotations: PhoenixAnnotations) -> None:
         # Spans first: once they are annotated Phoenix has stored them (and their
         # sessions), so documents and sessions seldom wait.
-        await self._post("span", "span_annotations", annotations.spans)
-        await self._post("document", "document_annotations", annotations.documents)
-        await self._post("session", "session_annotations", [i for *_, i in annotations.sessions])
+        todo = [
+            ("span", "span_annotations", annotations.spans),
+            ("document", "document_annotations", annotations.documents),
+            ("session", "session_annotations", [i for *_, i in annotations.sessions]),
+        ]
+        try:
+            while todo:
+                kind, path, items = todo[0]
+                await self._post(kind, path, items)
+                todo.pop(0)
+        except asyncio.CancelledError:
+            left = {kind: len(items) for kind, _, items in todo if items}
+            for kind, n in left.items():
+                self._count(kind, "gave_up", n)
+            self._log.warning("phoenix_annotations_cut_at_shutdown", annotations=left)
+            raise
 
     async def _post(self, kind: str, path: str, items: list[dict[str, Any]]) -> None:
         if not items:
             return
-        assert self._session is not None, "exporter not started"
         loop = asyncio.get_running_loop()
         url = f"{self._base}/v1/{path}?sync=true"
         body = json.dumps({"data": items}, ensure_ascii=False, allow_nan=False).encode()
@@ -352,7 +422,7 @@ class PhoenixExporter(OtlpHttpExporter):
             if status is not None and 200 <= status < 300:
                 self._count(kind, "posted", len(items))
                 return
-            if status not in _RETRYABLE:
+            if status is not None and status not in _RETRYABLE:
                 if len(items) > 1:
                     # One bad item (say, a document position Phoenix does not have)
                     # must not cost the others theirs.
@@ -387,9 +457,9 @@ class PhoenixExporter(OtlpHttpExporter):
     ) -> tuple[int | None, str, float | None]:
         """(status or None when Phoenix could not be reached, the start of its answer,
         its Retry-After)."""
-        assert self._session is not None
+        assert self._rest is not None, "exporter not started"
         try:
-            async with self._session.post(url, data=body, headers=headers) as resp:
+            async with self._rest.post(url, data=body, headers=headers) as resp:
                 raw = await resp.content.read(_MAX_ANSWER)
                 return (
                     resp.status,
