@@ -338,3 +338,45 @@ async def test_carrier_spans_are_not_sent_and_older_turns_never_replace_newer(
     assert "/v1/traces" not in server.paths()
     sessions = [b for p, b in server.requests if p == "/v1/session_annotations"]
     assert [s["data"][0]["result"]["score"] for s in sessions] == [0.9]
+
+
+async def test_a_slow_earlier_turn_does_not_overwrite_a_later_conversation_score(
+    fake_phoenix: Any,
+) -> None:
+    slow_span: dict[str, str] = {}
+    misses = {"n": 0}
+
+    def script(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        slow = path == "/v1/span_annotations" and body["data"][0]["span_id"] == slow_span["id"]
+        if slow and misses["n"] < 3:  # Phoenix stores the earlier turn's span late
+            misses["n"] += 1
+            return 404, {"detail": "not stored yet"}
+        return 200, {"data": []}
+
+    server = await fake_phoenix(script)
+    groups = []
+    for turn, score in ((1, 0.2), (2, 0.8)):
+        rag, _, _ = _trace()
+        set_attributes(rag.attributes, [(semconv.TURN_INDEX, turn)])
+        summary = EvalSummary(
+            "offline",
+            1.0,
+            1.0,
+            extra={"turn_contextual_precision": {semconv.EVAL_FIELD_CONVERSATION_SCORE: score}},
+        )
+        result = MetricResult(metric="turn_contextual_precision", score=score, passed=True)
+        enrich_span(rag, [result], summary, EnrichmentConfig())
+        slow_span.setdefault("id", rag.span_id.hex())
+        groups.append(SpanGroup(None, "", None, "", [rag]))
+    telemetry = Telemetry()
+    config = PhoenixExporterConfig.model_validate(
+        {"type": "phoenix", "endpoint": server.url, "max_batch_spans": 1, "concurrency": 2}
+    )
+    exporter = PhoenixExporter("px", config, telemetry)
+    await exporter.start()
+    for group in groups:
+        exporter.enqueue([group], 1)
+    assert await exporter.close(asyncio.get_running_loop().time() + 20) == 0
+    sessions = [b for p, b in server.requests if p == "/v1/session_annotations"]
+    assert [s["data"][0]["result"]["score"] for s in sessions] == [0.8]
+    assert misses["n"] == 3

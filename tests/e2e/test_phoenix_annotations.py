@@ -32,7 +32,9 @@ from tests.e2e._app import KB
 from tests.e2e._support import evaluating_collector
 from tests.fakes.phoenix import PhoenixServer, phoenix  # noqa: F401  (fixture)
 
-pytestmark = [pytest.mark.services, pytest.mark.slow]
+# Phoenix's start (shared, but counted in the first test), the traffic and two
+# Chromium renders with a 15 s virtual-time budget each.
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(600)]
 
 Q1 = "What is the capital of France?"
 Q2 = "Where is the Louvre?"
@@ -219,9 +221,17 @@ def test_results_become_span_document_and_session_annotations(
     assert [a["id"] for a in _session_annotations(phoenix, project, session)] == [sessions[0]["id"]]
     assert len(phoenix.spans(project)) == len(stored)
 
-    # ---- the span's page in Phoenix shows the annotation chip
+    # ---- the span's page in Phoenix shows the annotation chips; the retriever's page
+    # shows the document annotations under its documents
     assert by_id[first]
-    _check_span_page(chromium, phoenix, first, tmp_path)
+    dom = _render(chromium, phoenix, first, tmp_path, "span")
+    # The chips carry the annotation name as their title (metric names appear nowhere
+    # else on the page: the attribute table is collapsed).
+    for metric in (*SPAN_METRICS, SESSION_METRIC):
+        assert f'title="{metric}"' in dom, f"no annotation chip for {metric}"
+    dom = _render(chromium, phoenix, retriever["context"]["span_id"], tmp_path, "retriever")
+    for metric in DOCUMENT_METRICS:
+        assert metric in dom, f"no document annotation for {metric}"
 
 
 def _resend(server: PhoenixServer, project: str, spans_file: Path) -> None:
@@ -268,25 +278,23 @@ def _chromium(binary: str, profile: Path, *args: str) -> subprocess.CompletedPro
     )
 
 
-def _check_span_page(binary: str, server: PhoenixServer, span_id: str, tmp_path: Path) -> None:
+def _render(binary: str, server: PhoenixServer, span_id: str, tmp_path: Path, name: str) -> str:
+    """The rendered DOM of the span's page; a screenshot is saved as ``<name>.png``."""
     url = f"{server.url}/redirects/spans/{span_id}"
-    dom = _chromium(binary, tmp_path / "chromium-dom", "--dump-dom", url)
+    dom = _chromium(binary, tmp_path / f"chromium-{name}-dom", "--dump-dom", url)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    (tmp_path / "span.html").write_text(dom.stdout)
-    # The chips carry the annotation name as their title (metric names appear nowhere
-    # else on the page: the attribute table is collapsed).
-    for metric in (*SPAN_METRICS, SESSION_METRIC):
-        assert f'title="{metric}"' in dom.stdout, f"no annotation chip for {metric}"
-    shot = tmp_path / "span.png"
+    (tmp_path / f"{name}.html").write_text(dom.stdout)
+    shot = tmp_path / f"{name}.png"
     png = _chromium(
         binary,
-        tmp_path / "chromium-shot",
+        tmp_path / f"chromium-{name}-shot",
         f"--screenshot={shot}",
         "--window-size=1600,1000",
         url,
     )
     assert png.returncode == 0, png.stderr[-2000:]
     assert shot.stat().st_size > 10_000
+    return dom.stdout
 
 
 def test_late_results_land_on_the_evaluated_span_without_a_carrier(

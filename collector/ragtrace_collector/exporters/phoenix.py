@@ -271,6 +271,7 @@ class PhoenixExporter(OtlpHttpExporter):
         self._session_turns: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._annotating: set[asyncio.Task[None]] = set()
         self._rest: aiohttp.ClientSession | None = None
+        self._session_posts = asyncio.Lock()
         self._slots = asyncio.Semaphore(_MAX_ANNOTATING)
 
     # ------------------------------------------------------------- encoding
@@ -327,8 +328,18 @@ class PhoenixExporter(OtlpHttpExporter):
                 while len(self._session_turns) > _MAX_SESSIONS:
                     self._session_turns.popitem(last=False)
             latest[key] = item
-        chosen.sessions = [(s, m, None, item) for (s, m), item in latest.items()]
+        chosen.sessions = [
+            (s, m, item["metadata"].get("turn_index"), item) for (s, m), item in latest.items()
+        ]
         return chosen
+
+    def _current(self, sessions: list[tuple[str, str, int | None, dict[str, Any]]]) -> list[Any]:
+        """The session items no later turn has superseded since they were encoded."""
+        return [
+            item
+            for s, m, turn, item in sessions
+            if turn is None or turn >= self._session_turns.get((s, m), turn)
+        ]
 
     # -------------------------------------------------------------- sending
     async def _send(self, payload: bytes, spans: int) -> int:
@@ -397,7 +408,13 @@ class PhoenixExporter(OtlpHttpExporter):
         try:
             while todo:
                 kind, path, items = todo[0]
-                await self._post(kind, path, items)
+                if kind == "session":
+                    # Batches finish in any order: one at a time, and only what no
+                    # later turn superseded, so an older running mean never wins.
+                    async with self._session_posts:
+                        await self._post(kind, path, self._current(annotations.sessions))
+                else:
+                    await self._post(kind, path, items)
                 todo.pop(0)
         except asyncio.CancelledError:
             left = {kind: len(items) for kind, _, items in todo if items}
