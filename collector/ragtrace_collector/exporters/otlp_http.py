@@ -112,7 +112,9 @@ class OtlpHttpExporter(Exporter[bytes]):
         return self._serialize(build_request(groups))
 
     def _serialize(self, request: ExportTraceServiceRequest) -> bytes:
-        body: bytes = request.SerializeToString()
+        return self._compress(request.SerializeToString())
+
+    def _compress(self, body: bytes) -> bytes:
         if self._gzip:
             body = gzip.compress(body, compresslevel=1)
         return body

@@ -67,6 +67,7 @@ __all__ = ["PhoenixAnnotations", "PhoenixExporter", "is_carrier", "read_annotati
 #: The identifier of every span and session annotation ragtrace writes.
 IDENTIFIER: Final = "ragtrace"
 _EVAL_LEAD: Final = semconv.EVAL_PREFIX + "."
+_EVAL_MARK: Final = _EVAL_LEAD.encode()
 _SPAN_KEYS: Final = frozenset({semconv.SESSION_ID, semconv.TURN_INDEX})
 _RETRYABLE: Final = frozenset({404, 408, 429, 500, 502, 503, 504})
 _FIRST_DELAY: Final = 0.1
@@ -91,11 +92,6 @@ class PhoenixAnnotations:
 
     def __bool__(self) -> bool:
         return bool(self.spans or self.documents or self.sessions)
-
-    def extend(self, other: PhoenixAnnotations) -> None:
-        self.spans += other.spans
-        self.documents += other.documents
-        self.sessions += other.sessions
 
 
 def is_carrier(span: Span) -> bool:
@@ -152,11 +148,12 @@ def _result(score: float | None, label: str | None, explanation: str | None) -> 
     return out
 
 
-def read_annotations(span: Span) -> PhoenixAnnotations:
+def read_annotations(span: Span, into: PhoenixAnnotations | None = None) -> PhoenixAnnotations:
     """The Phoenix annotations for the results written on ``span`` (none when the span
-    carries no ``ragtrace.eval.<metric>.*`` result).  Values are checked, not trusted:
-    a malformed attribute is left out rather than failing the batch."""
-    out = PhoenixAnnotations()
+    carries no ``ragtrace.eval.<metric>.*`` result), added to ``into`` when given.
+    Values are checked, not trusted: a malformed attribute is left out rather than
+    failing the batch."""
+    out = into if into is not None else PhoenixAnnotations()
     summary, metrics = _metric_fields(span)
     if not metrics:
         return out
@@ -276,14 +273,15 @@ class PhoenixExporter(OtlpHttpExporter):
 
     # ------------------------------------------------------------- encoding
     async def _encode(self, groups: Sequence[SpanGroup]) -> bytes:
-        annotations = PhoenixAnnotations()
+        keep_carriers = self._phoenix.carrier_spans
         kept: list[SpanGroup] = []
+        dropped = False
         for group in groups:
-            spans: list[Span] = []
-            for span in group.spans:
-                annotations.extend(read_annotations(span))
-                if self._phoenix.carrier_spans or not is_carrier(span):
-                    spans.append(span)
+            spans = [s for s in group.spans if keep_carriers or not is_carrier(s)]
+            if len(spans) == len(group.spans):
+                kept.append(group)
+                continue
+            dropped = True
             if spans:
                 kept.append(
                     SpanGroup(
@@ -302,7 +300,16 @@ class PhoenixExporter(OtlpHttpExporter):
                     semconv.OPENINFERENCE_PROJECT_NAME,
                     self._phoenix.project,
                 )
-        body = _Body(self._serialize(request))
+        raw = request.SerializeToString()
+        annotations = PhoenixAnnotations()
+        # Most spans carry no result: a byte search on the encoded batch (and then on
+        # each encoded span) is far cheaper than walking every span's attributes.
+        if dropped or _EVAL_MARK in raw:
+            for group in groups:
+                for span in group.spans:
+                    if _EVAL_MARK in span.SerializeToString():
+                        read_annotations(span, into=annotations)
+        body = _Body(self._compress(raw))
         body.annotations = self._select(annotations)
         body.empty = not kept
         return body
