@@ -254,6 +254,9 @@ class _Body(bytes):
 
 
 class PhoenixExporter(OtlpHttpExporter):
+    """The OTLP/HTTP exporter's queue, batching and retries for the spans, plus the
+    annotations of each delivered batch (see the module docstring)."""
+
     kind = "phoenix"
 
     def __init__(self, name: str, config: PhoenixExporterConfig, telemetry: Telemetry) -> None:
