@@ -165,6 +165,11 @@ EVAL_FIELD_ERROR: Final = "error"
 EVAL_FIELD_SKIPPED: Final = "skipped"
 EVAL_FIELD_CONVERSATION_SCORE: Final = "conversation_score"
 EVAL_FIELD_REFERENCE: Final = "reference"
+#: The judge that produced the result: "offline", a litellm model string, or "none".
+EVAL_FIELD_JUDGE: Final = "judge"
+#: Per-document verdicts (JSON list of {span_id, position, score, label, explanation}):
+#: where each retrieved document sits (its retriever or reranker span and index).
+EVAL_FIELD_DOCUMENTS: Final = "documents"
 
 # OpenInference inline evaluations: evaluations.N.evaluation.<field>
 EVALUATIONS: Final = "evaluations"
@@ -184,6 +189,9 @@ GEN_AI_EVALUATION_EXPLANATION: Final = "gen_ai.evaluation.explanation"
 ERROR_TYPE: Final = "error.type"
 LABEL_PASS: Final = "pass"
 LABEL_FAIL: Final = "fail"
+#: Labels of per-document verdicts.
+LABEL_RELEVANT: Final = "relevant"
+LABEL_IRRELEVANT: Final = "irrelevant"
 
 
 def eval_attr(metric: str, field: str) -> str:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the real services the tests run on loopback: Redis, Prometheus and
-# Alertmanager from Debian, Arize Phoenix from PyPI (into .venv-phoenix, pinned
+# Installs the real services the tests run on loopback: Redis, Prometheus,
+# Alertmanager and headless Chromium from Debian, Arize Phoenix from PyPI (into .venv-phoenix, pinned
 # with hashes in tools/phoenix.lock.txt).  Idempotent; a second run is fast.
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 ensure_uv
@@ -10,6 +10,9 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+# Headless Chromium renders Phoenix's pages in the annotation test (plus a font, for
+# legible screenshots).
+command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-liberation)
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
     _log "missing Debian packages: ${need[*]} (run as root, or install them yourself)"

@@ -49,7 +49,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -68,6 +68,7 @@ __all__ = [
     "CaseMatch",
     "CaseRules",
     "CasesConfig",
+    "DocumentSource",
     "ReferenceLookup",
     "build_cases",
     "documents_from_attributes",
@@ -282,9 +283,18 @@ class BuiltCase:
     #: The convention that claimed the case span (``ragtrace``, ``openinference``, ...).
     convention: str | None = None
     #: Where each retrieved document was read, in the case's rank order (the order of
-    #: ``case.retrieval_context``): (retriever or reranker span id hex, the document's
-    #: position on that span), e.g. for document annotations.  None: no retriever ran.
-    document_sources: list[tuple[str, int]] | None = None
+    #: ``case.retrieval_context``), e.g. for document annotations.  None: no retriever
+    #: ran.
+    document_sources: list[DocumentSource] | None = None
+
+
+class DocumentSource(NamedTuple):
+    """Where a retrieved document was read: its retriever (or reranker) span, its index
+    there, and its id (for document-level results such as Phoenix annotations)."""
+
+    span_id: str
+    position: int
+    id: str | None = None
 
 
 @dataclass
@@ -416,7 +426,7 @@ def _retrieval_under(
 
 def _context_docs(
     retrievers: list[_Node], rerankers: list[_Node]
-) -> tuple[list[Document], list[tuple[str, int]]] | None:
+) -> tuple[list[Document], list[DocumentSource]] | None:
     """The case's documents in rank order, each with (span id hex, position on that
     span) of where it was read; None when no retriever ran or none recorded its
     documents (then the ID metrics are skipped rather than scored on "found none")."""
@@ -428,7 +438,7 @@ def _context_docs(
     if not sources:
         return None
     docs: list[Document] = []
-    where: list[tuple[str, int]] = []
+    where: list[DocumentSource] = []
     recorded = False
     for node, role in sources:
         assert node.convention is not None
@@ -437,7 +447,8 @@ def _context_docs(
             continue  # this span did not record its documents (not: found none)
         recorded = True
         docs.extend(found)
-        where.extend((node.span.span_id.hex(), i) for i in range(len(found)))
+        span_hex = node.span.span_id.hex()
+        where.extend(DocumentSource(span_hex, i, doc.id) for i, doc in enumerate(found))
     return (docs, where) if recorded else None
 
 

@@ -70,6 +70,8 @@ __all__ = [
     "LoggingConfig",
     "OtlpGrpcExporterConfig",
     "OtlpHttpExporterConfig",
+    "PhoenixAnnotationsConfig",
+    "PhoenixExporterConfig",
     "QueueConfig",
     "ReceiversConfig",
     "RetryConfig",
@@ -351,9 +353,10 @@ class _ExporterBase(StrictModel):
     timeout: Duration = 10.0
 
 
-class OtlpHttpExporterConfig(_ExporterBase):
-    type: Literal["otlp_http"]
-    #: Base URL (``/v1/traces`` is appended) or the full URL of the traces endpoint.
+class _HttpExporterBase(_ExporterBase):
+    """What every exporter that POSTs OTLP/HTTP shares."""
+
+    type: str
     endpoint: str
     headers: dict[str, str] = Field(
         default_factory=dict,
@@ -375,7 +378,7 @@ class OtlpHttpExporterConfig(_ExporterBase):
         return value
 
     @model_validator(mode="after")
-    def _one_auth_source(self) -> OtlpHttpExporterConfig:
+    def _one_auth_source(self) -> _HttpExporterBase:
         check_one_auth_source(self.endpoint, self.headers)
         return self
 
@@ -384,6 +387,63 @@ class OtlpHttpExporterConfig(_ExporterBase):
         if parts.path in ("", "/"):
             return self.endpoint.rstrip("/") + "/v1/traces"
         return self.endpoint
+
+
+class OtlpHttpExporterConfig(_HttpExporterBase):
+    type: Literal["otlp_http"]
+    #: Base URL (``/v1/traces`` is appended) or the full URL of the traces endpoint.
+    endpoint: str
+
+
+class PhoenixAnnotationsConfig(StrictModel):
+    """Which results the Phoenix exporter posts as annotations, and how long it waits
+    for Phoenix to store a span before it gives up on that span's annotations."""
+
+    spans: bool = Field(True, description="Each metric result as a span annotation.")
+    documents: bool = Field(
+        True,
+        description="Per-document verdicts as document annotations on the retriever span.",
+    )
+    sessions: bool = Field(True, description="Conversation scores as session annotations.")
+    max_wait: Duration = Field(
+        30.0,
+        gt=0,
+        description="Phoenix stores spans asynchronously: annotations for a span it does not "
+        "have yet are retried with backoff for this long, then counted as given up (the "
+        "export worker waits meanwhile, so a stuck Phoenix slows the queue, never loses it).",
+    )
+
+
+class PhoenixExporterConfig(_HttpExporterBase):
+    """Arize Phoenix: spans over OTLP/HTTP, results as native Phoenix annotations."""
+
+    type: Literal["phoenix"]
+    #: Phoenix's base URL, e.g. ``http://localhost:6006`` (``/v1/traces`` and the
+    #: annotation endpoints are below it).
+    endpoint: str
+    project: str | None = Field(
+        None,
+        description="Phoenix project for every span (the openinference.project.name resource "
+        "attribute); unset: the app's own, else Phoenix's default project.",
+    )
+    api_key: SecretStr | None = Field(
+        None, description="Sent as `Authorization: Bearer ...` (e.g. `${PHOENIX_API_KEY}`)."
+    )
+    annotations: PhoenixAnnotationsConfig = Field(
+        default_factory=PhoenixAnnotationsConfig,
+        description="Span, document and session annotations.",
+    )
+    carrier_spans: bool = Field(
+        False,
+        description="Also send the EVALUATOR carrier spans of late results; their results "
+        "become annotations on the evaluated span either way.",
+    )
+
+    def base_url(self) -> str:
+        return self.endpoint.rstrip("/")
+
+    def traces_url(self) -> str:
+        return self.base_url() + "/v1/traces"
 
 
 class OtlpGrpcExporterConfig(_ExporterBase):
@@ -455,7 +515,7 @@ class FileExporterConfig(_ExporterBase):
 
 
 ExporterConfig = Annotated[
-    OtlpHttpExporterConfig | OtlpGrpcExporterConfig | FileExporterConfig,
+    OtlpHttpExporterConfig | OtlpGrpcExporterConfig | FileExporterConfig | PhoenixExporterConfig,
     Field(discriminator="type"),
 ]
 
@@ -617,15 +677,27 @@ class CollectorConfig(StrictModel):
             raise ValueError("at least one exporter is required (spans must go somewhere)")
         return value
 
+    @model_validator(mode="after")
+    def _phoenix_needs_flat_keys(self) -> CollectorConfig:
+        for name, exporter in self.exporters.items():
+            if isinstance(exporter, PhoenixExporterConfig) and not self.enrichment.flat:
+                raise ValueError(
+                    f"exporters.{name}: the phoenix exporter reads the results from the "
+                    "ragtrace.eval.* attributes, which enrichment.flat: false turns off"
+                )
+        return self
+
     def secrets(self) -> list[str]:
         """Values that must never appear in logs: tokens, header values, the judge's API
         key, and the credentials inside every URL the config holds."""
         found = [t.get_secret_value() for t in self.receivers.auth.bearer_tokens]
         urls: list[str | None] = [self.session_store.url, self.judge.api_base]
         for exporter in self.exporters.values():
-            if isinstance(exporter, OtlpHttpExporterConfig | OtlpGrpcExporterConfig):
+            if isinstance(exporter, _HttpExporterBase | OtlpGrpcExporterConfig):
                 found += list(exporter.headers.values())
                 urls.append(exporter.endpoint)
+            if isinstance(exporter, PhoenixExporterConfig) and exporter.api_key is not None:
+                found.append(exporter.api_key.get_secret_value())
         for notifier in (self.alerts.webhook, self.alerts.alertmanager):
             if notifier is not None:
                 found += list(notifier.headers.values())

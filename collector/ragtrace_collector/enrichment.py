@@ -26,9 +26,19 @@ from ragtrace import semconv
 from ragtrace_collector.results import MetricResult
 from ragtrace_collector.spanattrs import set_attribute, set_attributes
 
-__all__ = ["EnrichmentConfig", "EvalSummary", "enrich_span", "make_carrier_span"]
+__all__ = [
+    "CARRIER_SPAN_NAME",
+    "EnrichmentConfig",
+    "EvalSummary",
+    "annotator_kind",
+    "enrich_span",
+    "make_carrier_span",
+]
 
 CARRIER_SPAN_NAME = "ragtrace.evaluation"
+_CARRIED_KEYS = frozenset(
+    {semconv.SESSION_ID, semconv.GEN_AI_CONVERSATION_ID, semconv.USER_ID, semconv.TURN_INDEX}
+)
 
 
 class EnrichmentConfig(BaseModel):
@@ -62,6 +72,12 @@ class EvalSummary:
     extra: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
+def annotator_kind(judge: str, *, heuristic: bool = False) -> str:
+    """``LLM`` for a result an LLM judge produced, else ``CODE`` (no judge, or the
+    offline judge's lexical rules)."""
+    return "LLM" if (judge not in ("none", "offline") and not heuristic) else "CODE"
+
+
 def _truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -79,6 +95,7 @@ def _flat_items(
     for r in results:
         m = r.metric
         items.append((semconv.eval_attr(m, semconv.EVAL_FIELD_THRESHOLD), float(r.threshold)))
+        items.append((semconv.eval_attr(m, semconv.EVAL_FIELD_JUDGE), r.judge))
         if r.reason:
             items.append(
                 (semconv.eval_attr(m, semconv.EVAL_FIELD_REASON), _truncate(r.reason, limit))
@@ -132,7 +149,7 @@ def _openinference_items(
         items.append(
             (semconv.evaluation_attr(i, semconv.EVALUATION_EXPLANATION), _explanation(r, limit))
         )
-        kind = "LLM" if (r.judge not in ("none", "offline") and not r.heuristic) else "CODE"
+        kind = annotator_kind(r.judge, heuristic=r.heuristic)
         items.append((semconv.evaluation_attr(i, semconv.EVALUATION_ANNOTATOR_KIND), kind))
     return items
 
@@ -195,5 +212,9 @@ def make_carrier_span(
     )
     carrier.links.add(trace_id=target.trace_id, span_id=target.span_id)
     set_attribute(carrier.attributes, semconv.OPENINFERENCE_SPAN_KIND, semconv.OI_KIND_EVALUATOR)
+    # The conversation the results belong to (session-level results need it).
+    for kv in target.attributes:
+        if kv.key in _CARRIED_KEYS:
+            carrier.attributes.add().CopyFrom(kv)
     enrich_span(carrier, results, summary, config, now_ns=end)
     return carrier

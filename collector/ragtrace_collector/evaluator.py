@@ -47,6 +47,7 @@ from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
 from ragtrace_collector.case_builder import BuiltCase, CaseRules, build_cases, may_hold_case
 from ragtrace_collector.cases import ContextItem, Conversation, Turn
 from ragtrace_collector.config import EvaluationConfig
+from ragtrace_collector.document_verdicts import document_verdicts, encode_verdicts
 from ragtrace_collector.enrichment import (
     EnrichmentConfig,
     EvalSummary,
@@ -464,6 +465,9 @@ class OnlineEvaluator:
         used = result.details.get("reference") if metric.name == "contextual_precision" else None
         if isinstance(used, str):
             extra[semconv.EVAL_FIELD_REFERENCE] = used
+        verdicts = document_verdicts(result, built.case, built.document_sources or [])
+        if verdicts:
+            extra[semconv.EVAL_FIELD_DOCUMENTS] = encode_verdicts(verdicts)
         return result, extra
 
     async def _conversation_for(

@@ -61,6 +61,13 @@ class Telemetry:
             ["exporter"],
             registry=r,
         )
+        self.annotations = Counter(
+            "ragtrace_annotations",
+            "Results an exporter posted as backend annotations (Phoenix), by kind (span, "
+            "document, session) and outcome (posted, rejected, gave_up).",
+            ["exporter", "kind", "outcome"],
+            registry=r,
+        )
         self.traces_buffered = Gauge(
             "ragtrace_traces_buffered", "Traces held by the assembler.", registry=r
         )

@@ -174,6 +174,9 @@ class Demo:
         self.receiver: AlertReceiver | None = None
         self.collector: CollectorProcess | None = None
         self.phoenix: PhoenixProcess | None = None
+        #: Ragtrace annotations Phoenix holds, and the page of one low-scoring span.
+        self.phoenix_annotations = 0
+        self.low_span: tuple[str, float, str] | None = None
         self.sdk_configured = False
         self.waiting_for_user = False
         self.cleaning = False
@@ -205,11 +208,26 @@ class Demo:
             f"collector exited with code {collector_code}"
             + (" after flushing every span" if clean else " [bold red](not clean)[/]")
         )
-        report = summarise(read_spans(self.out / _SPANS), OFFLINE_METRICS, degraded.started_ns)
+        records = list(read_spans(self.out / _SPANS))
+        report = summarise(records, OFFLINE_METRICS, degraded.started_ns)
         phoenix_counts: tuple[int, int] | None = None
         if self.phoenix is not None:
-            self.say("checking that Phoenix stored the enriched spans")
+            self.say("checking that Phoenix stored the enriched spans and their annotations")
             phoenix_counts = await self.phoenix.wait_for_spans(report.spans)
+            scored = [
+                r.span_id
+                for r in records
+                if any(k.startswith(semconv.EVAL_PREFIX + ".") for k in r.attributes)
+            ]
+            self.phoenix_annotations = await self.phoenix.count_annotations(scored)
+            metric = (
+                PRIMARY_ALERT_METRIC
+                if PRIMARY_ALERT_METRIC in report.lowest
+                else min(report.lowest, default=None)
+            )
+            if metric is not None:
+                score, span_id = report.lowest[metric]
+                self.low_span = (metric, score, self.phoenix.span_url(span_id))
 
         self._show_results(report, degraded, phoenix_counts, webhook_url)
         summary = self._summary(report, healthy, degraded, collector_code, phoenix_counts)
@@ -257,7 +275,8 @@ class Demo:
             self.plan,
             spans_path=self.out / _SPANS,
             webhook_url=webhook_url,
-            phoenix_otlp_url=self.phoenix.otlp_http_url if self.phoenix else None,
+            phoenix_url=self.phoenix.url if self.phoenix else None,
+            phoenix_project=self.phoenix.project if self.phoenix else None,
         )
         config_path = write_collector_config(self.out / _CONFIG, config)
         self.collector = CollectorProcess(config_path, self.out / _COLLECTOR_LOG)
@@ -412,9 +431,18 @@ class Demo:
                 (
                     "Phoenix",
                     f"[cyan]{self.phoenix.url}[/]  [dim]({state}; project "
-                    f"{self.phoenix.project}: {stored} spans, {scored} with scores)[/]",
+                    f"{self.phoenix.project}: {stored} spans, {scored} with scores, "
+                    f"{self.phoenix_annotations} score annotations)[/]",
                 )
             )
+            if self.low_span is not None:
+                metric, score, url = self.low_span
+                rows.append(
+                    (
+                        "Low-scoring span",
+                        f"[cyan]{url}[/]  [dim]({metric} = {score:.2f}, open it in Phoenix)[/]",
+                    )
+                )
         hint = (
             "Each line of the span file is one OTLP ExportTraceServiceRequest. The scores are "
             "attributes of the [bold]support_bot.answer[/] spans: "
@@ -425,8 +453,12 @@ class Demo:
         )
         if self.phoenix is not None:
             hint += (
-                f"\nIn Phoenix, open the project [bold]{self.phoenix.project}[/], pick a "
-                "support_bot.answer span and look at its attributes."
+                f"\nIn Phoenix (project [bold]{self.phoenix.project}[/]) the scores are "
+                "[bold]annotations[/]: chips on each support_bot.answer span, columns and "
+                "filters in the spans table (e.g. "
+                f"[cyan]annotations['{PRIMARY_ALERT_METRIC}'].score < 0.5[/]), charts on "
+                "the Metrics tab, per-document verdicts under the retrieved documents, and "
+                "conversation scores on the sessions."
             )
         console.print(locations_panel(rows, hint))
 
@@ -475,6 +507,8 @@ class Demo:
                     "project": self.phoenix.project,
                     "spans": phoenix_counts[0],
                     "scored_spans": phoenix_counts[1],
+                    "annotations": self.phoenix_annotations,
+                    "low_scoring_span_url": self.low_span[2] if self.low_span else None,
                     "pid": self.phoenix.process.pid if self.phoenix.process else None,
                 }
                 if self.phoenix is not None and phoenix_counts is not None

@@ -54,16 +54,20 @@ def collector_config(
     *,
     spans_path: Path,
     webhook_url: str,
-    phoenix_otlp_url: str | None = None,
+    phoenix_url: str | None = None,
+    phoenix_project: str | None = None,
 ) -> dict[str, Any]:
-    """The demo's collector config, as data (``collector.yaml`` syntax)."""
+    """The demo's collector config, as data (``collector.yaml`` syntax).  With
+    ``phoenix_url``, a ``type: phoenix`` exporter sends the spans there and posts the
+    scores as Phoenix annotations."""
     exporters: dict[str, Any] = {
         "file": {"type": "file", "path": str(spans_path), "max_bytes": "1GiB"},
     }
-    if phoenix_otlp_url is not None:
+    if phoenix_url is not None:
         exporters["phoenix"] = {
-            "type": "otlp_http",
-            "endpoint": phoenix_otlp_url,
+            "type": "phoenix",
+            "endpoint": phoenix_url,
+            "project": phoenix_project,
             "retry": {"initial_interval": "200ms", "max_interval": "2s"},
         }
     return {
@@ -85,7 +89,13 @@ def collector_config(
             "log": {"enabled": True},
         },
         "logging": {"level": "info", "format": "json"},
-        "shutdown": {"receiver_grace": "1s", "processor_timeout": "10s", "flush_timeout": "20s"},
+        # Phoenix stores spans (and then takes their annotations) at its own pace:
+        # give its exporter longer to finish at shutdown.
+        "shutdown": {
+            "receiver_grace": "1s",
+            "processor_timeout": "10s",
+            "flush_timeout": "60s" if phoenix_url is not None else "20s",
+        },
     }
 
 

@@ -4,8 +4,9 @@ Phoenix lives in its own venv (``.venv-phoenix``, installed by ``scripts/_env.sh
 ``ensure_phoenix`` from ``tools/phoenix.lock.txt``); the demo finds its python in
 ``RAGTRACE_PHOENIX_PYTHON``.  It runs as ``python -m phoenix.server.main serve`` bound
 to 127.0.0.1 on free ports, with its SQLite database in the demo's output directory,
-telemetry and every outbound feature off.  The collector exports to its OTLP/HTTP
-endpoint; the demo reads the spans back through Phoenix's REST API.
+telemetry and every outbound feature off.  The collector's ``type: phoenix`` exporter
+sends the spans to it and posts the scores as Phoenix annotations; the demo reads the
+spans and annotations back through Phoenix's REST API.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ __all__ = [
 PHOENIX_PYTHON_ENV = "RAGTRACE_PHOENIX_PYTHON"
 _STARTUP_TIMEOUT = 240.0
 _EVAL_PREFIX = semconv.EVAL_PREFIX + "."
+#: Span ids per annotation query (Phoenix caps the list).
+_IDS_PER_QUERY = 100
 
 
 class PhoenixError(RuntimeError):
@@ -100,6 +103,32 @@ class PhoenixProcess:
     @property
     def project_url(self) -> str:
         return f"{self.url}/projects"
+
+    def span_url(self, span_id: str) -> str:
+        """The span's page in Phoenix's UI (Phoenix redirects to its trace view)."""
+        return f"{self.url}/redirects/spans/{span_id}"
+
+    async def count_annotations(self, span_ids: list[str]) -> int:
+        """How many ragtrace span annotations Phoenix holds for ``span_ids``."""
+        project = urllib.parse.quote(self.project)
+        total = 0
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            for start in range(0, len(span_ids), _IDS_PER_QUERY):
+                params = [("span_ids", s) for s in span_ids[start : start + _IDS_PER_QUERY]]
+                params += [("identifier", "ragtrace"), ("limit", "10000")]
+                try:
+                    async with session.get(
+                        f"{self.url}/v1/projects/{project}/span_annotations", params=params
+                    ) as resp:
+                        if resp.status != 200:
+                            continue
+                        page = await resp.json()
+                except (aiohttp.ClientError, TimeoutError, ValueError):
+                    continue
+                data = page.get("data") if isinstance(page, dict) else None
+                total += len(data) if isinstance(data, list) else 0
+        return total
 
     @property
     def process(self) -> ChildProcess | None:

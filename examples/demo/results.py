@@ -149,6 +149,8 @@ class SpanReport:
     unassigned_traces: int = 0
     traces_before: int = 0
     traces_after: int = 0
+    #: metric -> (lowest score, span id hex of the span that carries it)
+    lowest: dict[str, tuple[float, str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The counts (the per-metric figures are in :attr:`metrics`)."""
@@ -192,6 +194,9 @@ def summarise(spans: Iterable[SpanRecord], metrics: Sequence[str], boundary_ns: 
             if isinstance(score, int | float) and not isinstance(score, bool):
                 stats.count += 1
                 stats.total += float(score)
+                low = report.lowest.get(name)
+                if low is None or float(score) < low[0]:
+                    report.lowest[name] = (float(score), span.span_id)
             elif span.attributes.get(semconv.eval_attr(name, semconv.EVAL_FIELD_SKIPPED)):
                 stats.skipped += 1
             elif span.attributes.get(semconv.eval_attr(name, semconv.EVAL_FIELD_ERROR)):

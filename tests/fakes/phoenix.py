@@ -82,6 +82,18 @@ class PhoenixServer:
         with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=30) as resp:
             return json.loads(resp.read())
 
+    def graphql(self, query: str, variables: dict[str, Any]) -> Any:
+        """The ``data`` of a GraphQL query (what the REST API does not expose, such as
+        document annotations); AssertionError on GraphQL errors."""
+        body = json.dumps({"query": query, "variables": variables}).encode()
+        request = urllib.request.Request(
+            f"{self.url}/graphql", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            answer = json.loads(resp.read())
+        assert not answer.get("errors"), answer["errors"]
+        return answer["data"]
+
     def spans(self, project: str, trace_ids: list[str] | None = None) -> list[dict[str, Any]]:
         """Every span of ``project`` (optionally only these trace ids), all pages."""
         out: list[dict[str, Any]] = []

@@ -1,4 +1,4 @@
-"""Exporters: OTLP/gRPC, OTLP/HTTP and OTLP/JSON file, each with its own queue."""
+"""Exporters: OTLP/gRPC, OTLP/HTTP, OTLP/JSON file and Phoenix, each with its own queue."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from ragtrace_collector.config import (
     FileExporterConfig,
     OtlpGrpcExporterConfig,
     OtlpHttpExporterConfig,
+    PhoenixExporterConfig,
 )
 from ragtrace_collector.exporters.base import Exporter, ExportError
 from ragtrace_collector.telemetry import Telemetry
@@ -24,6 +25,12 @@ def build_exporter(
 ) -> Exporter[object]:
     """The exporter for one ``exporters.<name>`` config section; ``supervisor`` runs
     its workers."""
+    if isinstance(config, PhoenixExporterConfig):
+        from ragtrace_collector.exporters.phoenix import PhoenixExporter
+
+        return PhoenixExporter(  # type: ignore[return-value]
+            name, config, telemetry, supervisor=supervisor
+        )
     if isinstance(config, OtlpHttpExporterConfig):
         from ragtrace_collector.exporters.otlp_http import OtlpHttpExporter
 

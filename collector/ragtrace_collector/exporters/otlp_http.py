@@ -24,14 +24,23 @@ from google.protobuf.message import DecodeError
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
 from ragtrace_collector.component import Supervisor
-from ragtrace_collector.config import ClientTLSConfig, OtlpHttpExporterConfig
+from ragtrace_collector.config import (
+    ClientTLSConfig,
+    OtlpHttpExporterConfig,
+    PhoenixExporterConfig,
+)
 from ragtrace_collector.exporters.base import (
     Exporter,
     ExportError,
     UndecodableAnswer,
     rejected_in_answer,
 )
-from ragtrace_collector.otlp import CONTENT_TYPE_PROTOBUF, SpanGroup, build_request
+from ragtrace_collector.otlp import (
+    CONTENT_TYPE_PROTOBUF,
+    ExportTraceServiceRequest,
+    SpanGroup,
+    build_request,
+)
 from ragtrace_collector.telemetry import Telemetry
 
 __all__ = ["OtlpHttpExporter", "client_ssl_context", "parse_retry_after"]
@@ -78,7 +87,7 @@ class OtlpHttpExporter(Exporter[bytes]):
     def __init__(
         self,
         name: str,
-        config: OtlpHttpExporterConfig,
+        config: OtlpHttpExporterConfig | PhoenixExporterConfig,
         telemetry: Telemetry,
         *,
         supervisor: Supervisor | None = None,
@@ -113,7 +122,12 @@ class OtlpHttpExporter(Exporter[bytes]):
             self._session = None
 
     async def _encode(self, groups: Sequence[SpanGroup]) -> bytes:
-        body: bytes = build_request(groups).SerializeToString()
+        return self._serialize(build_request(groups))
+
+    def _serialize(self, request: ExportTraceServiceRequest) -> bytes:
+        return self._compress(request.SerializeToString())
+
+    def _compress(self, body: bytes) -> bytes:
         if self._gzip:
             body = gzip.compress(body, compresslevel=1)
         return body
