@@ -444,6 +444,37 @@ class EvaluationConfig(StrictModel):
     #: ``error="timeout"``; ``carrier`` lets it finish and sends its result on a
     #: carrier span.
     late_results: Literal["drop", "carrier"] = "drop"
+    #: Worker processes that run the CPU part of evaluation (the metrics that need no
+    #: judge or use the offline judge), so it uses every core and never blocks the
+    #: event loop; a metric running past ``metric_timeout`` has its worker killed and
+    #: replaced.  Default: the CPU count, at most 4.  ``0``: no worker processes; those
+    #: metrics run inside the collector process, on its event loop, where
+    #: ``metric_timeout`` cannot interrupt them (for embedding and debugging only).
+    processes: int = Field(default_factory=lambda: _default_processes(), ge=0, le=64)
+    #: Cases whose metrics all need no judge and whose text totals at most this many
+    #: characters are scored in the collector process: shipping them to a worker
+    #: would cost more than scoring them.  ``0``: every case goes to the workers.
+    inline_max_chars: int = Field(8192, ge=0)
+    #: Bound on the total characters of a case's retrieval context (and, separately,
+    #: of its reference contexts).  See ``oversize``.
+    max_context_chars: int = Field(100_000, ge=1)
+    #: Bound on the characters of a case's expected output.
+    max_expected_output_chars: int = Field(20_000, ge=1)
+    #: Bound on the characters of a case's input, and of its actual output.
+    max_output_chars: int = Field(20_000, ge=1)
+    #: A case over a bound: ``skip`` its metrics (each result is skipped with the
+    #: reason on the span), or ``truncate`` the inputs to the bounds and score them,
+    #: the reason of every result saying what was cut.
+    oversize: Literal["skip", "truncate"] = "skip"
+
+
+def _default_processes() -> int:
+    """The CPU count this process may use, capped at 4."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus))
 
 
 class CollectorConfig(StrictModel):

@@ -63,8 +63,11 @@ class CollectorService:
         #: The evaluation stage, unless a processor was given or evaluation is off.
         self.stage: EvaluationStage | None = None
         if processor is None and config.evaluation.enabled:
-            self.stage = build_stage(config, self.telemetry)
+            self.stage = build_stage(config, self.telemetry, supervisor=self.supervisor)
             processor = self.stage.processor
+            self.host.register(self.stage.evaluator)
+            if self.stage.pool is not None:
+                self.host.register(self.stage.pool)
         elif config.alerts.rules:
             self._log.warning(
                 "alerts_without_evaluation",

@@ -17,11 +17,14 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ragtrace_collector.alerts.detector import DropDetector
+from ragtrace_collector.component import Supervisor
+from ragtrace_collector.evalpool import EvaluationPool
 from ragtrace_collector.evaluator import OnlineEvaluator
 from ragtrace_collector.judges.base import JudgeCallRecord
 from ragtrace_collector.judges.factory import make_judge
+from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.logs import get_logger
-from ragtrace_collector.metrics import OFFLINE_METRICS, MetricOptions, build_metrics
+from ragtrace_collector.metrics import OFFLINE_METRICS, Metric, MetricOptions, build_metrics
 from ragtrace_collector.reference_store import ReferenceStore, ReferenceStoreError
 from ragtrace_collector.results import MetricResult
 from ragtrace_collector.sampling import Sampler
@@ -52,6 +55,11 @@ class EvaluationStage:
     @property
     def processor(self) -> OnlineEvaluator:
         return self.evaluator
+
+    @property
+    def pool(self) -> EvaluationPool | None:
+        """The worker processes (component ``evaluation:workers``), if any."""
+        return self.evaluator.pool
 
     def start(self) -> None:
         """Start workers and background loops (needs a running event loop)."""
@@ -120,10 +128,17 @@ def _check_alert_rules(config: CollectorConfig, evaluated: list[str], log: Any) 
         )
 
 
-def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStage:
+def _pooled_metrics(metrics: list[Metric], offline: bool) -> list[Metric]:
+    """The metrics whose work is CPU (no judge, or the offline judge): the pool's."""
+    return [m for m in metrics if offline or not m.uses_judge]
+
+
+def build_stage(
+    config: CollectorConfig, telemetry: Telemetry, *, supervisor: Supervisor | None = None
+) -> EvaluationStage:
     """The evaluation stage ``config`` describes.  Raises ``ValueError`` with a clear
     message for settings that only fail when built (e.g. a missing API key variable,
-    a broken reference file)."""
+    a broken reference file).  ``supervisor`` runs its background tasks."""
     log = get_logger("evaluation")
     listeners: list[Any] = []
     on_call_hooks: list[Any] = []
@@ -163,6 +178,16 @@ def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStag
             active.observe(service, metric, result.score, trace_id)
 
         listeners.append(feed)
+    pool: EvaluationPool | None = None
+    pooled = _pooled_metrics(metrics, isinstance(judge, OfflineJudge))
+    if config.evaluation.processes >= 1 and pooled:
+        pool = EvaluationPool(
+            pooled,
+            processes=config.evaluation.processes,
+            metric_timeout=config.evaluation.metric_timeout,
+            supervisor=supervisor,
+            on_judge_call=on_call,
+        )
     evaluator = OnlineEvaluator(
         config.evaluation,
         metrics=metrics,
@@ -173,6 +198,8 @@ def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStag
         telemetry=telemetry,
         reference_lookup=reference_store.lookup if reference_store is not None else None,
         listeners=listeners,
+        pool=pool,
+        supervisor=supervisor,
     )
     on_call_hooks.append(evaluator.judge_listener())
     log.info(
@@ -184,5 +211,6 @@ def build_stage(config: CollectorConfig, telemetry: Telemetry) -> EvaluationStag
         alert_rules=[r.name for r in config.alerts.rules] if detector else [],
         reference_store=str(config.reference_store.path) if config.reference_store else None,
         session_store=config.session_store.backend,
+        processes=pool.processes if pool is not None else 0,
     )
     return EvaluationStage(evaluator, detector=detector, reference_store=reference_store)
