@@ -355,8 +355,8 @@ class OnlineEvaluator(Component):
             job.forward(job.trace)  # results follow on a carrier span
         outcomes = [await self._start_case(built) for built in job.cases]
         pending = [p.future for o in outcomes for p in o.pending]
-        done: set[asyncio.Future[list[MetricResult]]] = set()
-        if pending:
+        done: set[asyncio.Future[list[MetricResult]]] = {f for f in pending if f.done()}
+        if len(done) < len(pending):  # only inline results: nothing to wait for
             done, _ = await asyncio.wait(pending, timeout=self.config.trace_timeout)
         late: list[tuple[_CaseOutcome, _Pending]] = []
         for outcome in outcomes:

@@ -180,10 +180,11 @@ def build_stage(
         listeners.append(feed)
     pool: EvaluationPool | None = None
     pooled = _pooled_metrics(metrics, isinstance(judge, OfflineJudge))
-    if config.evaluation.processes >= 1 and pooled:
+    processes = config.evaluation.worker_processes
+    if processes >= 1 and pooled:
         pool = EvaluationPool(
             pooled,
-            processes=config.evaluation.processes,
+            processes=processes,
             metric_timeout=config.evaluation.metric_timeout,
             supervisor=supervisor,
             on_judge_call=on_call,
