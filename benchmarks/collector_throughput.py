@@ -727,11 +727,17 @@ async def _eval_pool_rate(n: int, processes: int) -> dict[str, Any]:
 
 
 def _transfer_cost(n: int) -> dict[str, float]:
-    """What shipping a case to a worker and its results back costs in pickling, per
-    case (the rest of the transfer is a socket write and read)."""
+    """What shipping a case to a worker and its results back costs per case in
+    packing and pickling, on each side (the rest is a socket write and read per batch)."""
     import pickle
 
     from ragtrace_collector.case_builder import build_cases
+    from ragtrace_collector.evalpool import (  # the pool's wire format, measured alone
+        _pack_payload,
+        _pack_result,
+        _unpack_case,
+        _unpack_result,
+    )
     from ragtrace_collector.judges.offline import OfflineJudge
     from ragtrace_collector.metrics import OFFLINE_METRICS, build_metrics
 
@@ -746,14 +752,19 @@ def _transfer_cost(n: int) -> dict[str, float]:
 
     results = asyncio.run(score())
     proto = pickle.HIGHEST_PROTOCOL
+    indices = list(range(len(metrics)))
+    # The pool's own transfer format: what its slots and workers do per case.
     t0 = time.perf_counter()
-    out = pickle.dumps([("case", c, list(range(len(metrics)))) for c in cases], protocol=proto)
+    out = pickle.dumps([("case", _pack_payload("case", c), indices) for c in cases], proto)
     t1 = time.perf_counter()
-    pickle.loads(out)
+    for _, packed, _ in pickle.loads(out):
+        _unpack_case(packed)
     t2 = time.perf_counter()
-    back = pickle.dumps([(r, []) for r in results], protocol=proto)
+    back = pickle.dumps([([_pack_result(i, r) for i, r in rs], []) for rs in results], proto)
     t3 = time.perf_counter()
-    pickle.loads(back)
+    for packed_results, _ in pickle.loads(back):
+        for packed_result in packed_results:
+            _unpack_result(packed_result)
     t4 = time.perf_counter()
     return {
         "collector_us_per_case": ((t1 - t0) + (t4 - t3)) / n * 1e6,

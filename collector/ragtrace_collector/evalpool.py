@@ -52,12 +52,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ragtrace_collector.cases import Conversation, RAGCase
+from ragtrace_collector.cases import ContextItem, Conversation, RAGCase
 from ragtrace_collector.component import Component, Status, Supervisor
 from ragtrace_collector.judges.base import JudgeCallRecord
 from ragtrace_collector.logs import get_logger
 from ragtrace_collector.metrics import ConversationMetric, Metric
-from ragtrace_collector.results import MetricResult
+from ragtrace_collector.results import Cost, MetricResult
 
 __all__ = ["EvaluationPool", "PoolStats"]
 
@@ -326,7 +326,7 @@ class EvaluationPool(Component):
         worker = self._workers[slot]
         assert worker is not None
         frame = pickle.dumps(
-            [(item.kind, item.payload, item.indices) for item in batch],
+            [(item.kind, _pack_payload(item.kind, item.payload), item.indices) for item in batch],
             protocol=pickle.HIGHEST_PROTOCOL,
         )
         self.stats.batches += 1
@@ -364,7 +364,8 @@ class EvaluationPool(Component):
         self.stats.bytes_in += len(answer)
         self.report_ok()
         for item, (results, calls) in zip(batch, pickle.loads(answer), strict=True):
-            item.results.update(results)
+            for packed in results:
+                item.results[packed[0]] = _unpack_result(packed)
             self._judge_calls(calls)
             self._finish(item)
 
@@ -438,10 +439,106 @@ class EvaluationPool(Component):
             return
         for task, latency in calls:
             hook(
-                JudgeCallRecord(
+                JudgeCallRecord.model_construct(
                     model="offline", task=task, outcome="ok", latency_s=latency, cost_usd=0.0
                 )
             )
+
+
+# ============================================================ transfer format
+# Cases and results cross the socket as plain tuples, rebuilt without validation on
+# the other side (they were valid when packed): pickling pydantic models costs ten
+# times more, and this is the collector's share of every pooled case.
+_Packed = tuple[Any, ...]
+
+
+def _pack_payload(kind: ItemKind, payload: RAGCase | Conversation) -> Any:
+    if kind != _CASE or not isinstance(payload, RAGCase):
+        return payload  # conversation windows: rarer, pickled as they are
+    contexts = payload.retrieval_context
+    return (
+        payload.input,
+        payload.actual_output,
+        payload.expected_output,
+        None if contexts is None else [(c.content, c.id, c.score, c.metadata) for c in contexts],
+        payload.reference_contexts,
+        payload.reference_context_ids,
+        payload.retrieved_context_ids,
+        payload.case_id,
+    )
+
+
+def _unpack_case(packed: _Packed) -> RAGCase:
+    contexts = packed[3]
+    return RAGCase.model_construct(
+        input=packed[0],
+        actual_output=packed[1],
+        expected_output=packed[2],
+        retrieval_context=None
+        if contexts is None
+        else [
+            ContextItem.model_construct(content=c, id=i, score=sc, metadata=md)
+            for c, i, sc, md in contexts
+        ],
+        reference_contexts=packed[4],
+        reference_context_ids=packed[5],
+        retrieved_context_ids=packed[6],
+        case_id=packed[7],
+    )
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, _SCALARS):
+        return True
+    return isinstance(value, (list, tuple)) and all(isinstance(v, _SCALARS) for v in value)
+
+
+def _pack_result(index: int, r: MetricResult) -> _Packed:
+    """A result as a tuple; of its details only plain values travel (the per-verdict
+    objects stay in the worker: nothing downstream of the metrics reads them)."""
+    c = r.cost
+    return (
+        index,
+        r.metric,
+        r.score,
+        r.reason,
+        r.threshold,
+        r.strict,
+        r.passed,
+        r.skipped,
+        r.error,
+        {k: v for k, v in r.details.items() if _plain(v)},
+        (c.calls, c.cached_calls, c.prompt_tokens, c.completion_tokens, c.usd),
+        r.judge,
+        r.heuristic,
+    )
+
+
+def _unpack_result(p: _Packed) -> MetricResult:
+    calls, cached, prompt, completion, usd = p[10]
+    return MetricResult.model_construct(
+        metric=p[1],
+        score=p[2],
+        reason=p[3],
+        threshold=p[4],
+        strict=p[5],
+        passed=p[6],
+        skipped=p[7],
+        error=p[8],
+        details=p[9],
+        cost=Cost.model_construct(
+            calls=calls,
+            cached_calls=cached,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            usd=usd,
+        ),
+        judge=p[11],
+        heuristic=p[12],
+    )
 
 
 def _error_result(metric: Metric, error: str, reason: str) -> MetricResult:
@@ -481,10 +578,9 @@ def _worker_main(
     judge = OfflineJudge(on_call=lambda record: calls.append((record.task, record.latency_s)))
     loop = asyncio.new_event_loop()
 
-    async def score(
-        kind: str, payload: Any, pos: int, indices: list[int]
-    ) -> list[tuple[int, MetricResult]]:
-        out: list[tuple[int, MetricResult]] = []
+    async def score(kind: ItemKind, payload: Any, pos: int, indices: list[int]) -> list[_Packed]:
+        out: list[_Packed] = []
+        case: Any = _unpack_case(payload) if kind == _CASE else payload
         for index in indices:
             progress[_SINCE] = 0.0
             progress[_POS] = pos
@@ -493,10 +589,10 @@ def _worker_main(
             metric = metrics[index]
             if kind == _WINDOW:
                 assert isinstance(metric, ConversationMetric)
-                result = await metric.measure_window(payload, -1, judge)
+                result = await metric.measure_window(case, -1, judge)
             else:
-                result = await metric.measure(payload, judge)
-            out.append((index, result))
+                result = await metric.measure(case, judge)
+            out.append(_pack_result(index, result))
         return out
 
     while True:

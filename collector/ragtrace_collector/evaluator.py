@@ -53,7 +53,7 @@ from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
 from ragtrace_collector.case_bounds import case_chars, check_case
 from ragtrace_collector.case_builder import BuiltCase, build_cases
 from ragtrace_collector.cases import ContextItem, Conversation, Turn
-from ragtrace_collector.component import Component, Supervisor
+from ragtrace_collector.component import Component, Status, Supervisor
 from ragtrace_collector.config import EvaluationConfig
 from ragtrace_collector.enrichment import (
     EnrichmentConfig,
@@ -186,6 +186,7 @@ class OnlineEvaluator(Component):
         """Shutdown: traces still queued are forwarded unevaluated (counted as
         ``shutdown``); evaluations in flight finish or time out as usual."""
         self._draining = True
+        self.report(Status.STOPPING)
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -204,6 +205,7 @@ class OnlineEvaluator(Component):
         if self.pool is not None:
             await self.pool.aclose()
         await self.sessions.aclose()
+        self.report(Status.STOPPED)
 
     # ----------------------------------------------------------- telemetry
     def judge_listener(self) -> Callable[[JudgeCallRecord], None]:

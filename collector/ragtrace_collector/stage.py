@@ -83,6 +83,8 @@ class EvaluationStage:
             await self.detector.aclose()
         if self.reference_store is not None:
             await self.reference_store.aclose()
+        if self.pool is not None:
+            await self.pool.aclose()  # if the drain was cut short: no worker outlives us
 
 
 def _check_metric_defaults(defaults: Mapping[str, Any]) -> None:
