@@ -34,7 +34,8 @@ Then the **evaluation stage**, in this process, pinned to the collector's core:
    :class:`PassThroughProcessor` on identical traces in the same run.  Reported: the
    added time per case, and how much of it the metric computations alone take
    (``measure`` called directly on the same cases); the rest is orchestration
-   (build cases, sample, queue, tasks and timeouts, enrich).  Target: < 1 ms per case.
+   (build cases, sample, queue, tasks and timeouts, enrich).  Target: < 1 ms per case,
+   orchestration <= 0.1 ms.
 5. **evaluated cases/s at a judge latency of 500 ms** (``--judge-latency``): the real
    LLM judge (litellm) against the loopback fake OpenAI server of the tests
    (``tests/fakes/openai_server.py``, ``auto_reply`` answers held ``delay_s`` each),
@@ -43,9 +44,16 @@ Then the **evaluation stage**, in this process, pinned to the collector's core:
    concurrency (``evaluation.workers`` 32, ``judge.concurrency`` 8), and once more
    with ``judge.concurrency`` 32 to show which knob bounds it.
 
+6. **evaluation on every core**: evaluated cases/s with the offline judge and the
+   default metric set (``OFFLINE_METRICS``), the offline-judge metrics in
+   ``evaluation.processes`` = 1 and 2 worker processes (and 0, on the event loop, for
+   reference), on every core this process may use.  Target: 2 processes >= 1.7x 1.
+   Also reported: the collector's CPU per case, the bytes shipped per case each way,
+   cases per batch, and the pickling cost per case on each side (the transfer cost).
+
 Then, with ``--only wal``, the **write-ahead log**:
 
-6. **pass-through spans/s with and without ``storage.directory``** (``fsync: batch``,
+7. **pass-through spans/s with and without ``storage.directory``** (``fsync: batch``,
    the log on the temporary directory's disk), over OTLP/HTTP and OTLP/gRPC, each mode
    run ``--wal-rounds`` times alternately and the best run kept (the machine's noise
    hits both alike).  Target: with the log >= 0.8x without.  The kill -9 figure
@@ -54,8 +62,9 @@ Then, with ``--only wal``, the **write-ahead log**:
    (run it with ``-s``).
 
 Run: ``.venv/bin/python benchmarks/collector_throughput.py`` (``--help`` for options);
-``--only eval`` runs just the evaluation-stage part (about 30 s); ``--only wal`` just
-the write-ahead log comparison.
+``--only eval`` runs just the evaluation-stage parts (about a minute); ``--only
+orchestration`` just part 4; ``--only nonrag`` the non-RAG prefilter cost; ``--only wal``
+just the write-ahead log comparison.
 """
 
 from __future__ import annotations
@@ -77,6 +86,8 @@ from typing import Any
 _TARGET_SPANS_PER_S = 20_000
 _TARGET_EVAL_MS_PER_CASE = 1.0
 _TARGET_WAL_RATIO = 0.8
+_TARGET_ORCHESTRATION_MS_PER_CASE = 0.1
+_TARGET_POOL_RATIO = 1.7
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -544,8 +555,12 @@ def _eval_traces(n: int, seed: int, docs: int = 5) -> list[Any]:
     return out
 
 
-def _evaluator(metric_names: tuple[str, ...], judge: Any, **evaluation: Any) -> Any:
+def _evaluator(
+    metric_names: tuple[str, ...], judge: Any, processes: int = 0, **evaluation: Any
+) -> Any:
+    """An :class:`OnlineEvaluator`; ``processes`` > 0 gives it a worker pool."""
     from ragtrace_collector.enrichment import EnrichmentConfig
+    from ragtrace_collector.evalpool import EvaluationPool
     from ragtrace_collector.evaluator import EvaluationConfig, OnlineEvaluator
     from ragtrace_collector.metrics import build_metrics
     from ragtrace_collector.sampling import Sampler, SamplingConfig
@@ -553,14 +568,22 @@ def _evaluator(metric_names: tuple[str, ...], judge: Any, **evaluation: Any) -> 
     from ragtrace_collector.telemetry import Telemetry
 
     telemetry = Telemetry()
+    config = EvaluationConfig(processes=processes, **evaluation)
+    metrics = build_metrics(metric_names)
+    pool = (
+        EvaluationPool(metrics, processes=processes, metric_timeout=config.metric_timeout)
+        if processes
+        else None
+    )
     return OnlineEvaluator(
-        EvaluationConfig(**evaluation),
-        metrics=build_metrics(metric_names),
+        config,
+        metrics=metrics,
         judge=judge,
         sampler=Sampler(SamplingConfig(rate=1.0), telemetry=telemetry),
         session_store=create_session_store(),
         enrichment=EnrichmentConfig(),
         telemetry=telemetry,
+        pool=pool,
     )
 
 
@@ -791,24 +814,106 @@ async def _eval_with_latency(n: int, latency: float, concurrency: int | None) ->
     }
 
 
+async def _eval_pool_rate(n: int, processes: int) -> dict[str, Any]:
+    """Evaluated cases/s with the offline judge and the default metric set, the
+    offline-judge metrics in ``processes`` worker processes (0: on the loop)."""
+    from ragtrace_collector.judges.offline import OfflineJudge
+    from ragtrace_collector.metrics import OFFLINE_METRICS
+
+    evaluator = _evaluator(OFFLINE_METRICS, OfflineJudge(), processes, queue_size=n + 1)
+    evaluator.start()
+    # Warm-up: every worker started and has scored a batch.
+    await _run_through(evaluator, _eval_traces(64 * max(1, processes), seed=20))
+    traces = _eval_traces(n, seed=21)
+    wall, cpu = await _run_through(evaluator, traces)
+    pool = evaluator.pool
+    stats = pool.stats if pool is not None else None
+    await evaluator.drain()
+    scores = sorted((k, v) for k, v in _rag_attrs(traces[-1]).items() if k.endswith(".score"))
+    return {
+        "processes": processes,
+        "cases": n,
+        "cases_per_s": n / wall,
+        "main_cpu_ms_per_case": cpu / n * 1e3,
+        "kb_out_per_case": stats.bytes_out / stats.items / 1024 if stats else 0.0,
+        "kb_in_per_case": stats.bytes_in / stats.items / 1024 if stats else 0.0,
+        "cases_per_batch": stats.items / stats.batches if stats else 0.0,
+        "scores": scores,
+    }
+
+
+def _transfer_cost(n: int) -> dict[str, float]:
+    """What shipping a case to a worker and its results back costs per case in
+    packing and pickling, on each side (the rest is a socket write and read per batch)."""
+    import pickle
+
+    from ragtrace_collector.case_builder import build_cases
+    from ragtrace_collector.evalpool import (  # the pool's wire format, measured alone
+        _pack_payload,
+        _pack_result,
+        _unpack_case,
+        _unpack_result,
+    )
+    from ragtrace_collector.judges.offline import OfflineJudge
+    from ragtrace_collector.metrics import OFFLINE_METRICS, build_metrics
+
+    cases = [
+        c.case for t in _eval_traces(n, seed=22) for c in build_cases([s for s, _ in t.spans()])
+    ]
+    judge = OfflineJudge()
+    metrics = [m for m in build_metrics(OFFLINE_METRICS) if m.kind == "case"]
+
+    async def score() -> list[list[tuple[int, Any]]]:
+        return [[(i, await m.measure(c, judge)) for i, m in enumerate(metrics)] for c in cases]
+
+    results = asyncio.run(score())
+    proto = pickle.HIGHEST_PROTOCOL
+    indices = list(range(len(metrics)))
+    # The pool's own transfer format: what its slots and workers do per case.
+    t0 = time.perf_counter()
+    out = pickle.dumps([("case", _pack_payload("case", c), indices) for c in cases], proto)
+    t1 = time.perf_counter()
+    for _, packed, _ in pickle.loads(out):
+        _unpack_case(packed)
+    t2 = time.perf_counter()
+    back = pickle.dumps([([_pack_result(i, r) for i, r in rs], []) for rs in results], proto)
+    t3 = time.perf_counter()
+    for packed_results, _ in pickle.loads(back):
+        for packed_result in packed_results:
+            _unpack_result(packed_result)
+    t4 = time.perf_counter()
+    return {
+        "collector_us_per_case": ((t1 - t0) + (t4 - t3)) / n * 1e6,
+        "worker_us_per_case": ((t2 - t1) + (t3 - t2)) / n * 1e6,
+        "kb_per_case": (len(out) + len(back)) / n / 1024,
+    }
+
+
 def _eval_runs(args: argparse.Namespace) -> dict[str, Any]:
     core, _ = _cpus()
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, core)  # the collector's core, as in the runs above
+    out: dict[str, Any] = {}
     try:
-        out: dict[str, Any] = {"non_rag": asyncio.run(_non_rag(args.non_rag_traces))}
+        out["non_rag"] = asyncio.run(_non_rag(args.non_rag_traces))
         if args.only == "nonrag":
             return out
         out["overhead"] = asyncio.run(_eval_overhead(args.eval_cases))
-        out["latency_default"] = asyncio.run(
-            _eval_with_latency(args.llm_cases, args.judge_latency, None)
-        )
-        # 4x the concurrency, 2x the cases: long enough to leave the ramp-up behind.
-        out["latency_concurrency_32"] = asyncio.run(
-            _eval_with_latency(2 * args.llm_cases, args.judge_latency, 32)
-        )
+        if args.only != "orchestration":
+            out["latency_default"] = asyncio.run(
+                _eval_with_latency(args.llm_cases, args.judge_latency, None)
+            )
+            # 4x the concurrency, 2x the cases: long enough to leave the ramp-up behind.
+            out["latency_concurrency_32"] = asyncio.run(
+                _eval_with_latency(2 * args.llm_cases, args.judge_latency, 32)
+            )
     finally:
         os.sched_setaffinity(0, before)
+    if args.only == "orchestration":
+        return out
+    # Evaluation on every core: the worker pool, on all the cores this process has.
+    out["pool"] = [asyncio.run(_eval_pool_rate(args.pool_cases, p)) for p in (0, 1, 2)]
+    out["transfer"] = _transfer_cost(500)
     return out
 
 
@@ -848,6 +953,12 @@ def _report_eval(e: dict[str, Any], args: argparse.Namespace) -> None:
         f"  target < {_TARGET_EVAL_MS_PER_CASE:g} ms per case: {verdict} "
         f"({o['cases_per_s']:,.0f} cases/s on one core)"
     )
+    verdict = (
+        "meets" if o["orchestration_ms_per_case"] <= _TARGET_ORCHESTRATION_MS_PER_CASE else "MISSES"
+    )
+    print(f"  orchestration target <= {_TARGET_ORCHESTRATION_MS_PER_CASE:g} ms per case: {verdict}")
+    if "latency_default" not in e:
+        return
     print(
         f"\nevaluated cases/s, judge latency {args.judge_latency * 1000:.0f} ms (litellm -> "
         "loopback fake OpenAI server;\n  contextual_recall + contextual_precision + 4 "
@@ -872,6 +983,37 @@ def _report_eval(e: dict[str, Any], args: argparse.Namespace) -> None:
     )
 
 
+def _report_pool(e: dict[str, Any]) -> None:
+    runs = {r["processes"]: r for r in e["pool"]}
+    print(
+        f"\nevaluation on every core: offline judge, default metric set ({runs[1]['cases']:,} "
+        f"cases,\n  rate 1), offline-judge metrics in evaluation.processes worker processes"
+    )
+    print(
+        f"  {'processes':<22}{'cases/s':>9}{'main CPU ms/case':>18}{'KB out/in per case':>21}"
+        f"{'cases/batch':>13}"
+    )
+    for p, label in ((0, "0 (on the event loop)"), (1, "1"), (2, "2")):
+        r = runs[p]
+        kb = f"{r['kb_out_per_case']:.1f}/{r['kb_in_per_case']:.1f}" if p else "-"
+        batch = f"{r['cases_per_batch']:.1f}" if p else "-"
+        print(
+            f"  {label:<22}{r['cases_per_s']:>9.1f}{r['main_cpu_ms_per_case']:>18.3f}{kb:>21}"
+            f"{batch:>13}"
+        )
+    ratio = runs[2]["cases_per_s"] / runs[1]["cases_per_s"]
+    verdict = "meets" if ratio >= _TARGET_POOL_RATIO else "MISSES"
+    print(f"  2 processes / 1 process: {ratio:.2f}x; target >= {_TARGET_POOL_RATIO}x: {verdict}")
+    same = runs[0]["scores"] == runs[1]["scores"] == runs[2]["scores"]
+    print(f"  same scores at 0, 1 and 2 processes: {'yes' if same else 'NO'}")
+    t = e["transfer"]
+    print(
+        f"  transfer per case: {t['kb_per_case']:.1f} KB pickled both ways; pickling costs "
+        f"{t['collector_us_per_case']:.0f} us in the collector\n  and "
+        f"{t['worker_us_per_case']:.0f} us in the worker (plus one socket round trip per batch)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--role", choices=["main", "sink", "load"], default="main")
@@ -887,9 +1029,9 @@ def main() -> int:
     parser.add_argument("--sink-ports", default="", help=argparse.SUPPRESS)
     parser.add_argument(
         "--only",
-        choices=["all", "passthrough", "eval", "wal", "nonrag"],
+        choices=["all", "passthrough", "eval", "orchestration", "wal", "nonrag"],
         default="all",
-        help="parts to run",
+        help="parts to run (orchestration: the evaluation overhead part of eval alone)",
     )
     parser.add_argument(
         "--non-rag-traces", type=int, default=5000, help="traces, non-RAG evaluator run"
@@ -898,6 +1040,7 @@ def main() -> int:
     parser.add_argument("--eval-cases", type=int, default=3000, help="cases, overhead run")
     parser.add_argument("--llm-cases", type=int, default=64, help="cases, judge-latency run")
     parser.add_argument("--judge-latency", type=float, default=0.5, help="seconds per call")
+    parser.add_argument("--pool-cases", type=int, default=1500, help="cases, pool runs")
     args = parser.parse_args()
     if args.role == "sink":
         g, h, s = (int(p) for p in args.sink_ports.split(","))
@@ -1065,6 +1208,8 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> None:
         _report_passthrough(r, args)
     if "eval" in r:
         _report_eval(r["eval"], args)
+        if "pool" in r["eval"]:
+            _report_pool(r["eval"])
     summary = {k: v for k, v in r.items() if not k.startswith("lat_")}
     if "lat_collector" in r:
         lc, ld = r["lat_collector"], r["lat_direct"]

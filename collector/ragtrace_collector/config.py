@@ -592,6 +592,42 @@ class EvaluationConfig(StrictModel):
     #: ``error="timeout"``; ``carrier`` lets it finish and sends its result on a
     #: carrier span.
     late_results: Literal["drop", "carrier"] = "drop"
+    #: Worker processes that run the CPU part of evaluation (the metrics that need no
+    #: judge or use the offline judge), so that it uses every core and never blocks
+    #: the event loop; a metric running past ``metric_timeout`` has its worker killed
+    #: and replaced.  Unset: the CPU count, at most 4.  ``0``: no worker processes;
+    #: those metrics run in the collector process, on its event loop, where
+    #: ``metric_timeout`` cannot interrupt them (for embedding and debugging only).
+    processes: int | None = Field(None, ge=0, le=64)
+    #: The no-judge metrics (``id_*``, ``non_llm_*``) of a case whose texts total at
+    #: most this many characters run in the collector process: shipping them to a
+    #: worker would cost more than scoring them.  ``0``: they always go to the workers.
+    inline_max_chars: int = Field(8192, ge=0)
+    #: Bound on the total characters of a case's retrieval context (and, separately,
+    #: of its reference contexts).  See ``oversize``.
+    max_context_chars: int = Field(100_000, ge=1)
+    #: Bound on the characters of a case's expected output.
+    max_expected_output_chars: int = Field(20_000, ge=1)
+    #: Bound on the characters of a case's input, and of its actual output.
+    max_output_chars: int = Field(20_000, ge=1)
+    #: A case over a bound: ``skip`` its metrics (each result is skipped with the
+    #: reason on the span), or ``truncate`` the inputs to the bounds and score them,
+    #: the reason of every result saying what was cut.
+    oversize: Literal["skip", "truncate"] = "skip"
+
+    @property
+    def worker_processes(self) -> int:
+        """``processes``, with unset resolved to the CPU count (at most 4)."""
+        return self.processes if self.processes is not None else _default_processes()
+
+
+def _default_processes() -> int:
+    """The CPU count this process may use, capped at 4."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus))
 
 
 class CollectorConfig(StrictModel):

@@ -13,6 +13,7 @@ goes on a *carrier span*: same trace, child of the evaluated span, OpenInference
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragtrace import semconv
 from ragtrace_collector.results import MetricResult
-from ragtrace_collector.spanattrs import set_attribute, set_attributes
+from ragtrace_collector.spanattrs import set_attribute
 
 __all__ = [
     "CARRIER_SPAN_NAME",
@@ -82,6 +83,53 @@ def _truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+@functools.lru_cache(maxsize=1024)
+def _flat_keys(metric: str) -> tuple[str, str, str, str, str, str]:
+    """threshold, reason, score, passed, error, skipped keys of ``metric``."""
+    return (
+        semconv.eval_attr(metric, semconv.EVAL_FIELD_THRESHOLD),
+        semconv.eval_attr(metric, semconv.EVAL_FIELD_REASON),
+        semconv.eval_attr(metric, semconv.EVAL_FIELD_SCORE),
+        semconv.eval_attr(metric, semconv.EVAL_FIELD_PASSED),
+        semconv.eval_attr(metric, semconv.EVAL_FIELD_ERROR),
+        semconv.eval_attr(metric, semconv.EVAL_FIELD_SKIPPED),
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _evaluation_keys(index: int) -> tuple[str, str, str, str, str]:
+    """name, score, label, explanation, annotator kind keys of evaluation ``index``."""
+    return (
+        semconv.evaluation_attr(index, semconv.EVALUATION_NAME),
+        semconv.evaluation_attr(index, semconv.EVALUATION_SCORE),
+        semconv.evaluation_attr(index, semconv.EVALUATION_LABEL),
+        semconv.evaluation_attr(index, semconv.EVALUATION_EXPLANATION),
+        semconv.evaluation_attr(index, semconv.EVALUATION_ANNOTATOR_KIND),
+    )
+
+
+def _write(attributes: Any, items: Sequence[tuple[str, Any]], existing: set[str]) -> None:
+    """Write ``items`` straight into the protobuf: keys not yet on the span are
+    appended with a typed setter; the rare existing key is replaced."""
+    for key, value in items:
+        kind = type(value)
+        if key in existing or kind not in _SCALARS:
+            set_attribute(attributes, key, value)
+            continue
+        target = attributes.add(key=key).value
+        if kind is float:
+            target.double_value = value
+        elif kind is str:
+            target.string_value = value
+        elif kind is bool:
+            target.bool_value = value
+        else:
+            target.int_value = value
+
+
+_SCALARS = frozenset({float, str, bool, int})
+
+
 def _flat_items(
     results: Sequence[MetricResult], summary: EvalSummary, limit: int
 ) -> list[tuple[str, Any]]:
@@ -94,24 +142,23 @@ def _flat_items(
         items.append((semconv.EVAL_COST_USD, float(summary.cost_usd)))
     for r in results:
         m = r.metric
-        items.append((semconv.eval_attr(m, semconv.EVAL_FIELD_THRESHOLD), float(r.threshold)))
+        k_threshold, k_reason, k_score, k_passed, k_error, k_skipped = _flat_keys(m)
+        items.append((k_threshold, float(r.threshold)))
         items.append((semconv.eval_attr(m, semconv.EVAL_FIELD_JUDGE), r.judge))
         if r.reason:
-            items.append(
-                (semconv.eval_attr(m, semconv.EVAL_FIELD_REASON), _truncate(r.reason, limit))
-            )
+            items.append((k_reason, _truncate(r.reason, limit)))
         if r.score is not None:
-            items.append((semconv.eval_attr(m, semconv.EVAL_FIELD_SCORE), float(r.score)))
-            items.append((semconv.eval_attr(m, semconv.EVAL_FIELD_PASSED), bool(r.passed)))
+            items.append((k_score, float(r.score)))
+            items.append((k_passed, bool(r.passed)))
         if r.error is not None:
-            items.append(
-                (semconv.eval_attr(m, semconv.EVAL_FIELD_ERROR), _truncate(r.error, limit))
-            )
+            items.append((k_error, _truncate(r.error, limit)))
         elif r.skipped:
-            items.append((semconv.eval_attr(m, semconv.EVAL_FIELD_SKIPPED), True))
-        for fld, value in summary.extra.get(m, {}).items():
-            if value is not None:
-                items.append((semconv.eval_attr(m, fld), value))
+            items.append((k_skipped, True))
+        extra = summary.extra.get(m)
+        if extra:
+            for fld, value in extra.items():
+                if value is not None:
+                    items.append((semconv.eval_attr(m, fld), value))
     return items
 
 
@@ -128,29 +175,28 @@ def _explanation(r: MetricResult, limit: int) -> str:
 
 
 def _openinference_items(
-    span_attrs: Any, results: Sequence[MetricResult], limit: int
+    span_keys: set[str], results: Sequence[MetricResult], limit: int
 ) -> list[tuple[str, Any]]:
     # Continue numbering after evaluations already on the span (a second pass, or
     # another evaluator upstream).
+    lead = semconv.EVALUATIONS + "."
     taken = {
-        int(kv.key.split(".", 2)[1])
-        for kv in span_attrs
-        if kv.key.startswith(semconv.EVALUATIONS + ".") and kv.key.split(".", 2)[1].isdigit()
+        int(key.split(".", 2)[1])
+        for key in span_keys
+        if key.startswith(lead) and key.split(".", 2)[1].isdigit()
     }
     start = max(taken) + 1 if taken else 0
     items: list[tuple[str, Any]] = []
     for offset, r in enumerate(results):
-        i = start + offset
-        items.append((semconv.evaluation_attr(i, semconv.EVALUATION_NAME), r.metric))
+        k_name, k_score, k_label, k_explanation, k_kind = _evaluation_keys(start + offset)
+        items.append((k_name, r.metric))
         if r.score is not None:
-            items.append((semconv.evaluation_attr(i, semconv.EVALUATION_SCORE), float(r.score)))
+            items.append((k_score, float(r.score)))
         label = _label(r) or ("error" if r.error is not None else "skipped")
-        items.append((semconv.evaluation_attr(i, semconv.EVALUATION_LABEL), label))
-        items.append(
-            (semconv.evaluation_attr(i, semconv.EVALUATION_EXPLANATION), _explanation(r, limit))
-        )
+        items.append((k_label, label))
+        items.append((k_explanation, _explanation(r, limit)))
         kind = annotator_kind(r.judge, heuristic=r.heuristic)
-        items.append((semconv.evaluation_attr(i, semconv.EVALUATION_ANNOTATOR_KIND), kind))
+        items.append((k_kind, kind))
     return items
 
 
@@ -168,7 +214,10 @@ def _add_events(
         values.append((semconv.GEN_AI_EVALUATION_EXPLANATION, _explanation(r, limit)))
         if r.error is not None:
             values.append((semconv.ERROR_TYPE, r.error.split(":", 1)[0]))
-        set_attributes(event.attributes, values)
+        _write(event.attributes, values, _NO_KEYS)
+
+
+_NO_KEYS: set[str] = set()
 
 
 def enrich_span(
@@ -181,10 +230,12 @@ def enrich_span(
 ) -> None:
     """Write ``results`` onto ``span`` in the enabled forms (in place)."""
     limit = config.max_reason_chars
+    attributes = span.attributes
+    existing = {kv.key for kv in attributes} if (config.flat or config.openinference) else set()
     if config.flat:
-        set_attributes(span.attributes, _flat_items(results, summary, limit))
+        _write(attributes, _flat_items(results, summary, limit), existing)
     if config.openinference:
-        set_attributes(span.attributes, _openinference_items(span.attributes, results, limit))
+        _write(attributes, _openinference_items(existing, results, limit), existing)
     if config.events:
         _add_events(span, results, limit, now_ns if now_ns is not None else time.time_ns())
 

@@ -19,6 +19,20 @@ For every ready trace:
 5. write the results onto the ``@rag`` span (:mod:`ragtrace_collector.enrichment`),
    record telemetry and feed the drop detector, then forward.
 
+Where the work runs (the event loop does only I/O):
+
+* every case is first held to the input bounds (:mod:`ragtrace_collector.case_bounds`):
+  over a bound, its metrics are skipped (or scored on truncated inputs) with the
+  reason on the span;
+* the CPU-bound metrics (no judge, or the offline judge) run in the worker processes
+  of :class:`~ragtrace_collector.evalpool.EvaluationPool`, all of a case's in one
+  item, bounded by ``metric_timeout`` there; a small case whose metrics need no judge
+  is scored right here (cheaper than shipping it), as is everything when there is no
+  pool (``evaluation.processes: 0``);
+* LLM-judge metrics wait on litellm on the loop, one task per metric under
+  ``metric_timeout``;
+* a trace of more than ``_THREAD_BUILD_SPANS`` spans is turned into cases in a thread.
+
 With ``enrichment.attach: carrier`` the trace is forwarded as soon as it is sampled
 and the results follow on a carrier span.  With ``attach: span`` (the default), a
 metric still running at ``trace_timeout`` is written as ``.error = "timeout"`` and the
@@ -44,8 +58,10 @@ from typing import Any
 
 from ragtrace import semconv
 from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
+from ragtrace_collector.case_bounds import case_chars, check_case
 from ragtrace_collector.case_builder import BuiltCase, CaseRules, build_cases, may_hold_case
 from ragtrace_collector.cases import ContextItem, Conversation, Turn
+from ragtrace_collector.component import Component, Status, Supervisor
 from ragtrace_collector.config import EvaluationConfig
 from ragtrace_collector.document_verdicts import document_verdicts, encode_verdicts
 from ragtrace_collector.enrichment import (
@@ -54,11 +70,13 @@ from ragtrace_collector.enrichment import (
     enrich_span,
     make_carrier_span,
 )
+from ragtrace_collector.evalpool import EvaluationPool
 from ragtrace_collector.judges.base import Judge, JudgeCallRecord
+from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.logs import get_logger, redact
 from ragtrace_collector.metrics import NOTHING_RETRIEVED_YET, ConversationMetric, Metric
 from ragtrace_collector.otlp import Span, SpanGroup
-from ragtrace_collector.results import Cost, MetricResult
+from ragtrace_collector.results import MetricResult
 from ragtrace_collector.sampling import Sampler, SamplingDecision, trace_attribute_lookup
 from ragtrace_collector.session_store import (
     SessionStore,
@@ -74,6 +92,8 @@ __all__ = ["EvaluationConfig", "OnlineEvaluator", "ResultListener"]
 Forward = Callable[[AssembledTrace], None]
 #: Called for every metric result: (service, metric, result, trace id hex).
 ResultListener = Callable[[str, str, MetricResult, str], None]
+#: Traces with more spans than this are turned into cases in a thread, off the loop.
+_THREAD_BUILD_SPANS = 2000
 
 
 @dataclass
@@ -86,16 +106,36 @@ class _Job:
     groups_of: dict[int, SpanGroup] = field(default_factory=dict)
 
 
+@dataclass(eq=False)
+class _Pending:
+    """Metrics of one case still running: one pool item, or one task (LLM judge,
+    conversation window); the future gives their results."""
+
+    future: asyncio.Future[list[MetricResult]]
+    names: tuple[str, ...]
+    #: From the pool: a "timeout" result there is counted here.
+    pooled: bool = False
+
+
 @dataclass
 class _CaseOutcome:
     built: BuiltCase
     results: list[MetricResult]
     extra: dict[str, dict[str, Any]]
-    pending: list[asyncio.Task[tuple[MetricResult, dict[str, Any]]]]
+    pending: list[_Pending]
+    #: What the input bounds truncated, prefixed to every reason ("" if nothing).
+    note: str = ""
 
 
-class OnlineEvaluator:
-    """The evaluation stage: a :class:`~ragtrace_collector.pipeline.TraceProcessor`."""
+class OnlineEvaluator(Component):
+    """The evaluation stage (component ``evaluation``): a
+    :class:`~ragtrace_collector.pipeline.TraceProcessor`.
+
+    ``pool`` runs the CPU-bound metrics in worker processes; None scores them in
+    this process (``evaluation.processes: 0``, and tests).
+    """
+
+    component_name = "evaluation"
 
     def __init__(
         self,
@@ -110,8 +150,12 @@ class OnlineEvaluator:
         reference_lookup: Callable[[str], Any] | None = None,
         listeners: Sequence[ResultListener] = (),
         case_rules: CaseRules | None = None,
+        pool: EvaluationPool | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.config = config
+        self.pool = pool
+        self._supervisor = supervisor if supervisor is not None else Supervisor()
         self.judge = judge
         self.sampler = sampler
         self.sessions = session_store
@@ -134,19 +178,31 @@ class OnlineEvaluator:
         self._window_steps: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._draining = False
         self._depth = telemetry.queue_depth.labels("evaluation")
+        # Where each case metric runs: CPU-bound ones (no judge, or the offline judge)
+        # inline or in the pool, the others (LLM judge) as tasks on the loop.
+        offline = isinstance(judge, OfflineJudge)
+        self._cpu_metrics = [m for m in self.case_metrics if offline or not m.uses_judge]
+        self._task_metrics = [m for m in self.case_metrics if m not in self._cpu_metrics]
+        self._label_cache: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Start the workers (needs a running event loop)."""
         if self._workers:
             return
+        if self.pool is not None:
+            self.pool.start()
         for i in range(self.config.workers):
-            self._workers.append(asyncio.create_task(self._work(), name=f"ragtrace-eval-{i}"))
+            self._workers.append(
+                self._supervisor.spawn(self, self._work, name=f"ragtrace-eval-{i}")
+            )
+        self.report_ok()
 
     async def drain(self) -> None:
         """Shutdown: traces still queued are forwarded unevaluated (counted as
         ``shutdown``); evaluations in flight finish or time out as usual."""
         self._draining = True
+        self.report(Status.STOPPING)
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -162,7 +218,10 @@ class OnlineEvaluator:
         self._workers.clear()
         if self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+        if self.pool is not None:
+            await self.pool.aclose()
         await self.sessions.aclose()
+        self.report(Status.STOPPED)
 
     # ----------------------------------------------------------- telemetry
     def judge_listener(self) -> Callable[[JudgeCallRecord], None]:
@@ -184,14 +243,35 @@ class OnlineEvaluator:
 
     # --------------------------------------------------------------- submit
     def submit(self, trace: AssembledTrace, forward: Forward) -> None:
-        if (
-            not self.config.enabled
-            or trace.late
-            or self._draining
-            or not may_hold_case((s for g in trace.groups for s in g.spans), self._case_rules)
-        ):
+        if not self.config.enabled or trace.late or self._draining:
+            forward(trace)
+            return
+        if not may_hold_case((s for g in trace.groups for s in g.spans), self._case_rules):
             forward(trace)  # not RAG (no retriever, no case span): unscored, at once
             return
+        if trace.span_count > _THREAD_BUILD_SPANS:
+            # Decoding a huge trace's attributes would hold the loop: do it in a thread.
+            task = asyncio.create_task(self._submit_large(trace, forward))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return
+        cases, groups_of = self._build(trace)
+        self._admit(trace, forward, cases, groups_of)
+
+    async def _submit_large(self, trace: AssembledTrace, forward: Forward) -> None:
+        try:
+            spans = [s for g in trace.groups for s in g.spans]
+            if await asyncio.to_thread(may_hold_case, spans, self._case_rules):
+                cases, groups_of = await asyncio.to_thread(self._build, trace)
+                self._admit(trace, forward, cases, groups_of)
+                return
+        except Exception as exc:  # never lose the trace over a bad span
+            self._log.error("case_building_failed", trace_id=trace.trace_id_hex, error=repr(exc))
+        if not trace.forwarded:
+            forward(trace)
+
+    def _build(self, trace: AssembledTrace) -> tuple[list[BuiltCase], dict[int, SpanGroup]]:
+        """The cases of ``trace``, and each span's group (pure; may run in a thread)."""
         groups_of: dict[int, SpanGroup] = {}
         spans: list[Span] = []
         for span, group in trace.spans():
@@ -218,12 +298,23 @@ class OnlineEvaluator:
             reference_lookup=self._reference_lookup,
             rules=self._case_rules,
         )
-        if not cases:
+        return cases, groups_of
+
+    def _admit(
+        self,
+        trace: AssembledTrace,
+        forward: Forward,
+        cases: list[BuiltCase],
+        groups_of: dict[int, SpanGroup],
+    ) -> None:
+        """Sample a trace that has cases, and queue it for evaluation or forward it."""
+        if not cases or self._draining:
             forward(trace)
             return
         decision = self._sample(trace, cases, groups_of)
+        decision_attrs = decision.attributes().items()
         for built in cases:
-            set_attributes(built.span.attributes, decision.attributes().items())
+            set_attributes(built.span.attributes, decision_attrs)
         if not decision.sampled:
             if decision.outcome == "budget":
                 self._telemetry.eval_skipped.labels("budget").inc()
@@ -243,10 +334,12 @@ class OnlineEvaluator:
         self, trace: AssembledTrace, cases: list[BuiltCase], groups_of: Mapping[int, SpanGroup]
     ) -> SamplingDecision:
         maps: list[Mapping[str, object]] = []
+        resources: set[int] = set()
         for built in cases:
             maps.append(built.attributes)
             group = groups_of[id(built.span)]
-            if group.resource is not None:
+            if group.resource is not None and id(group.resource) not in resources:
+                resources.add(id(group.resource))
                 maps.append(attributes_to_dict(group.resource.attributes))
             if built.ground_truth_source == "reference_store":
                 # Ground truth that only the reference store has still counts for
@@ -285,39 +378,38 @@ class OnlineEvaluator:
         if carrier_mode:
             job.forward(job.trace)  # results follow on a carrier span
         outcomes = [await self._start_case(built) for built in job.cases]
-        pending = [t for o in outcomes for t in o.pending]
-        done: set[asyncio.Task[tuple[MetricResult, dict[str, Any]]]] = set()
-        if pending:
+        pending = [p.future for o in outcomes for p in o.pending]
+        done: set[asyncio.Future[list[MetricResult]]] = {f for f in pending if f.done()}
+        if len(done) < len(pending):  # only inline results: nothing to wait for
             done, _ = await asyncio.wait(pending, timeout=self.config.trace_timeout)
-        late: list[tuple[_CaseOutcome, asyncio.Task[tuple[MetricResult, dict[str, Any]]]]] = []
+        late: list[tuple[_CaseOutcome, _Pending]] = []
         for outcome in outcomes:
-            for task in outcome.pending:
-                if task in done:
-                    result, extra = task.result()
-                    outcome.results.append(result)
-                    if extra:
-                        outcome.extra[result.metric] = extra
+            for item in outcome.pending:
+                if item.future in done:
+                    self._collect(outcome, item)
                     continue
-                name = task.get_name()
-                self._telemetry.eval_timeouts.labels(name).inc()
+                for name in item.names:
+                    self._telemetry.eval_timeouts.labels(name).inc()
                 if self.config.late_results == "carrier" and not carrier_mode:
-                    late.append((outcome, task))
+                    late.append((outcome, item))
                 else:
-                    task.cancel()
-                    outcome.results.append(_timeout_result(name, self.config.trace_timeout))
+                    item.future.cancel()
+                    outcome.results.extend(
+                        _timeout_result(name, self.config.trace_timeout) for name in item.names
+                    )
         latency_ms = (time.monotonic() - started) * 1000.0
-        total_cost = Cost()
+        total_usd = 0.0
         for outcome in outcomes:
             outcome.results.sort(key=lambda r: r.metric)
-            total_cost = total_cost + sum((r.cost for r in outcome.results), Cost())
-            self._record(outcome, job)
             summary = self._summary(job, outcome, latency_ms)
+            total_usd += summary.cost_usd or 0.0
+            self._record(outcome, job)
             if carrier_mode:
                 self._forward_carrier(job, outcome.built, outcome.results, summary)
             else:
                 enrich_span(outcome.built.span, outcome.results, summary, self.enrichment)
-        if total_cost.usd:
-            self.sampler.record_cost(total_cost.usd)
+        if total_usd:
+            self.sampler.record_cost(total_usd)
         self._telemetry.eval_latency.observe(latency_ms / 1000.0)
         if not carrier_mode:
             job.forward(job.trace)
@@ -326,27 +418,34 @@ class OnlineEvaluator:
             self._background.add(finisher)
             finisher.add_done_callback(self._background.discard)
 
-    async def _finish_late(
-        self,
-        job: _Job,
-        late: list[tuple[_CaseOutcome, asyncio.Task[tuple[MetricResult, dict[str, Any]]]]],
-        started: float,
-    ) -> None:
-        # Each late task is still bounded by its own metric_timeout.
-        await asyncio.wait([t for _, t in late])
-        by_case: dict[int, tuple[_CaseOutcome, list[MetricResult], dict[str, dict[str, Any]]]] = {}
-        for outcome, task in late:
-            result, extra = task.result()
-            entry = by_case.setdefault(id(outcome), (outcome, [], {}))
-            entry[1].append(result)
+    def _collect(self, outcome: _CaseOutcome, item: _Pending) -> None:
+        """Move a finished item's results into its case's outcome."""
+        for result in item.future.result():
+            if outcome.note:
+                result.reason = outcome.note + result.reason
+            if item.pooled and result.error == "timeout":
+                self._telemetry.eval_timeouts.labels(result.metric).inc()
+            extra = _case_extra(result, outcome.built)
             if extra:
-                entry[2][result.metric] = extra
+                outcome.extra.setdefault(result.metric, {}).update(extra)
+            outcome.results.append(result)
+
+    async def _finish_late(
+        self, job: _Job, late: list[tuple[_CaseOutcome, _Pending]], started: float
+    ) -> None:
+        # Each late item is still bounded by its own metric_timeout.
+        await asyncio.wait([item.future for _, item in late])
+        by_case: dict[int, _CaseOutcome] = {}
+        for outcome, item in late:
+            partial = by_case.setdefault(
+                id(outcome), _CaseOutcome(outcome.built, [], outcome.extra, [], outcome.note)
+            )
+            self._collect(partial, item)
         latency_ms = (time.monotonic() - started) * 1000.0
-        for outcome, results, extra in by_case.values():
-            partial = _CaseOutcome(outcome.built, results, extra, [])
+        for partial in by_case.values():
             self._record(partial, job)
             self._forward_carrier(
-                job, outcome.built, results, self._summary(job, partial, latency_ms)
+                job, partial.built, partial.results, self._summary(job, partial, latency_ms)
             )
 
     def _forward_carrier(
@@ -374,22 +473,37 @@ class OnlineEvaluator:
         job.forward(trace)
 
     def _summary(self, job: _Job, outcome: _CaseOutcome, latency_ms: float) -> EvalSummary:
-        cost = sum((r.cost for r in outcome.results), Cost())
+        # Summed by hand: Cost.__add__ validates a new model per addition.
+        calls = 0
+        usd: float | None = 0.0
+        for r in outcome.results:
+            calls += r.cost.calls
+            usd = None if usd is None or r.cost.usd is None else usd + r.cost.usd
         return EvalSummary(
             model=self.judge.model,
             sample_rate=job.decision.rate,
             latency_ms=latency_ms,
-            cost_usd=cost.usd if cost.calls else (0.0 if cost.usd is not None else None),
+            cost_usd=usd if calls else (0.0 if usd is not None else None),
             extra=outcome.extra,
         )
 
     def _record(self, outcome: _CaseOutcome, job: _Job) -> None:
         t = self._telemetry
         service = outcome.built.service
+        cache = self._label_cache
         for r in outcome.results:
-            t.eval_results.labels(service, r.metric, r.outcome).inc()
+            key = (service, r.metric, r.outcome)
+            children = cache.get(key)
+            if children is None:
+                if len(cache) > 10_000:
+                    cache.clear()
+                children = cache[key] = (
+                    t.eval_results.labels(service, r.metric, r.outcome),
+                    t.eval_score.labels(service, r.metric),
+                )
+            children[0].inc()
             if r.score is not None and math.isfinite(r.score):
-                t.eval_score.labels(service, r.metric).observe(r.score)
+                children[1].observe(r.score)
             for listener in self._listeners:
                 try:
                     listener(service, r.metric, r, job.trace.trace_id_hex)
@@ -399,10 +513,16 @@ class OnlineEvaluator:
     # -------------------------------------------------------------- metrics
     async def _start_case(self, built: BuiltCase) -> _CaseOutcome:
         outcome = _CaseOutcome(built, [], {}, [])
-        for metric in self.case_metrics:
-            outcome.pending.append(
-                asyncio.create_task(self._run_case_metric(metric, built), name=metric.name)
+        bounded = check_case(built.case, self.config)
+        if bounded.case is None:
+            outcome.results.extend(self._skipped(m, bounded.note) for m in self.case_metrics)
+            outcome.results.extend(
+                self._skipped(m, bounded.note) for m in self.conversation_metrics
             )
+            return outcome
+        if bounded.note:
+            built.case, outcome.note = bounded.case, bounded.note
+        await self._start_case_metrics(built, outcome)
         if self.conversation_metrics:
             try:
                 view = await self._conversation_for(built)
@@ -426,14 +546,8 @@ class OnlineEvaluator:
             for cmetric in self.conversation_metrics:
                 if view is None:
                     outcome.results.append(
-                        MetricResult(
-                            metric=cmetric.name,
-                            score=None,
-                            skipped=True,
-                            reason="not part of a session (no session.id and turn index)",
-                            threshold=cmetric.options.threshold,
-                            judge=self.judge.model,
-                            heuristic=self.judge.heuristic,
+                        self._skipped(
+                            cmetric, "not part of a session (no session.id and turn index)"
                         )
                     )
                     continue
@@ -443,32 +557,88 @@ class OnlineEvaluator:
                 step: asyncio.Future[None] = loop.create_future()
                 self._window_steps[key] = step
                 task = asyncio.create_task(
-                    self._run_window_metric(cmetric, built, view, previous),
+                    self._window_task(cmetric, built, view, previous, outcome),
                     name=cmetric.name,
                 )
                 # Released however the task ends (even cancelled before it started).
                 task.add_done_callback(functools.partial(self._release_step, key, step))
-                outcome.pending.append(task)
+                outcome.pending.append(_Pending(task, (cmetric.name,)))
         return outcome
 
-    async def _run_case_metric(
-        self, metric: Metric, built: BuiltCase
-    ) -> tuple[MetricResult, dict[str, Any]]:
+    async def _start_case_metrics(self, built: BuiltCase, outcome: _CaseOutcome) -> None:
+        """Start (or, when cheap, run) the case metrics: small CPU work inline, the
+        rest of the CPU work as one pool item, LLM-judge metrics as tasks."""
+        case = built.case
+        pooled: list[Metric] = []
+        if self._cpu_metrics:
+            pool = self.pool
+            small = pool is None or case_chars(case) <= self.config.inline_max_chars
+            inline: list[Metric] = []
+            for metric in self._cpu_metrics:
+                if pool is None or (small and not metric.uses_judge):
+                    inline.append(metric)
+                else:
+                    pooled.append(metric)
+            if inline:
+                future: asyncio.Future[list[MetricResult]] = (
+                    asyncio.get_running_loop().create_future()
+                )
+                # Awaited directly: no task, and no loop round unless a metric suspends.
+                future.set_result([await m.measure(case, self.judge) for m in inline])
+                outcome.pending.append(_Pending(future, tuple(m.name for m in inline)))
+            if pooled and pool is not None:
+                outcome.pending.append(
+                    _Pending(pool.run_case(case, pooled), tuple(m.name for m in pooled), True)
+                )
+        for metric in self._task_metrics:
+            task = asyncio.create_task(self._run_case_metric(metric, built), name=metric.name)
+            outcome.pending.append(_Pending(task, (metric.name,)))
+
+    def _skipped(self, metric: Metric, reason: str) -> MetricResult:
+        return MetricResult(
+            metric=metric.name,
+            score=None,
+            skipped=True,
+            reason=reason,
+            threshold=metric.options.threshold,
+            judge=self.judge.model,
+            heuristic=self.judge.heuristic,
+        )
+
+    async def _run_case_metric(self, metric: Metric, built: BuiltCase) -> list[MetricResult]:
         try:
             result = await asyncio.wait_for(
                 metric.measure(built.case, self.judge), self.config.metric_timeout
             )
         except TimeoutError:
             self._telemetry.eval_timeouts.labels(metric.name).inc()
-            return _timeout_result(metric.name, self.config.metric_timeout), {}
-        extra: dict[str, Any] = {}
-        used = result.details.get("reference") if metric.name == "contextual_precision" else None
-        if isinstance(used, str):
-            extra[semconv.EVAL_FIELD_REFERENCE] = used
-        verdicts = document_verdicts(result, built.case, built.document_sources or [])
-        if verdicts:
-            extra[semconv.EVAL_FIELD_DOCUMENTS] = encode_verdicts(verdicts)
-        return result, extra
+            return [_timeout_result(metric.name, self.config.metric_timeout)]
+        return [result]
+
+    async def _window_task(
+        self,
+        metric: ConversationMetric,
+        built: BuiltCase,
+        view: tuple[Conversation, frozenset[int]],
+        previous: asyncio.Future[None] | None,
+        outcome: _CaseOutcome,
+    ) -> list[MetricResult]:
+        result, extra = await self._run_window_metric(metric, built, view, previous)
+        if extra:
+            outcome.extra.setdefault(result.metric, {}).update(extra)
+        return [result]
+
+    async def _measure_window(self, metric: ConversationMetric, conv: Conversation) -> MetricResult:
+        """The window result of ``metric`` for this turn: in the pool when it is CPU
+        work (the pool enforces ``metric_timeout``), else on the loop under it."""
+        if self.pool is not None and self.pool.covers(metric):
+            (result,) = await self.pool.run_window(conv, metric)
+            if result.error == "timeout":
+                self._telemetry.eval_timeouts.labels(metric.name).inc()
+            return result
+        return await asyncio.wait_for(
+            metric.measure_window(conv, -1, self.judge), self.config.metric_timeout
+        )
 
     async def _conversation_for(
         self, built: BuiltCase
@@ -547,9 +717,7 @@ class OnlineEvaluator:
         assert built.turn_index is not None
         conv, present = view
         try:
-            result = await asyncio.wait_for(
-                metric.measure_window(conv, -1, self.judge), self.config.metric_timeout
-            )
+            result = await self._measure_window(metric, conv)
         except TimeoutError:
             self._telemetry.eval_timeouts.labels(metric.name).inc()
             return _timeout_result(metric.name, self.config.metric_timeout), {}
@@ -608,6 +776,20 @@ def _describe_turns(indices: Sequence[int]) -> str:
         if i is not None:
             start = prev = i
     return f"{'turn' if len(indices) == 1 else 'turns'} {', '.join(runs)}"
+
+
+def _case_extra(result: MetricResult, built: BuiltCase) -> dict[str, Any]:
+    """Extra flat keys of a case metric's result: contextual_precision's reference, and
+    the per-document verdicts (document annotations in Phoenix)."""
+    extra: dict[str, Any] = {}
+    if result.metric == "contextual_precision":
+        used = result.details.get("reference")
+        if isinstance(used, str):
+            extra[semconv.EVAL_FIELD_REFERENCE] = used
+    verdicts = document_verdicts(result, built.case, built.document_sources or [])
+    if verdicts:
+        extra[semconv.EVAL_FIELD_DOCUMENTS] = encode_verdicts(verdicts)
+    return extra
 
 
 def _timeout_result(metric: str, seconds: float) -> MetricResult:

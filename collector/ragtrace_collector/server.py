@@ -79,6 +79,9 @@ class CollectorService:
             self.stage = build_stage(config, self.telemetry, supervisor=self.supervisor)
             self.host.register_all(self.stage.components)
             processor = self.stage.processor
+            self.host.register(self.stage.evaluator)
+            if self.stage.pool is not None:
+                self.host.register(self.stage.pool)
         elif config.alerts.rules:
             self._log.warning(
                 "alerts_without_evaluation",

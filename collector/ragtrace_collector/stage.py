@@ -22,10 +22,13 @@ from ragtrace_collector.alerts.detector import DropDetector
 from ragtrace_collector.case_builder import CaseRules
 from ragtrace_collector.component import Component, Status, Supervisor
 from ragtrace_collector.config import ConfigError
+from ragtrace_collector.evalpool import EvaluationPool
 from ragtrace_collector.evaluator import OnlineEvaluator
 from ragtrace_collector.judges.base import JudgeCallRecord
 from ragtrace_collector.judges.factory import make_judge
+from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.logs import get_logger
+from ragtrace_collector.metrics import Metric
 from ragtrace_collector.preflight import checked_metrics, load_reference_store, preflight_problems
 from ragtrace_collector.reference_store import ReferenceStore
 from ragtrace_collector.results import MetricResult
@@ -89,6 +92,11 @@ class EvaluationStage:
     def processor(self) -> OnlineEvaluator:
         return self.evaluator
 
+    @property
+    def pool(self) -> EvaluationPool | None:
+        """The worker processes (component ``evaluation:workers``), if any."""
+        return self.evaluator.pool
+
     def start(self) -> None:
         """Start workers and background loops (needs a running event loop)."""
         self.evaluator.start()
@@ -113,6 +121,8 @@ class EvaluationStage:
             await self.detector.aclose()
         if self.reference_store is not None:
             await self.reference_store.aclose()
+        if self.pool is not None:
+            await self.pool.aclose()  # if the drain was cut short: no worker outlives us
 
 
 def _warn_about_alerts(config: CollectorConfig, log: Any) -> None:
@@ -127,6 +137,11 @@ def _warn_about_alerts(config: CollectorConfig, log: Any) -> None:
             detail="a webhook or Alertmanager is configured but alerts.rules is empty;"
             " the drop detector has no default rules and will send nothing",
         )
+
+
+def _pooled_metrics(metrics: list[Metric], offline: bool) -> list[Metric]:
+    """The metrics whose work is CPU (no judge, or the offline judge): the pool's."""
+    return [m for m in metrics if offline or not m.uses_judge]
 
 
 def build_stage(
@@ -171,6 +186,17 @@ def build_stage(
             active.observe(service, metric, result.score, trace_id)
 
         listeners.append(feed)
+    pool: EvaluationPool | None = None
+    pooled = _pooled_metrics(metrics, isinstance(judge, OfflineJudge))
+    processes = config.evaluation.worker_processes
+    if processes >= 1 and pooled:
+        pool = EvaluationPool(
+            pooled,
+            processes=processes,
+            metric_timeout=config.evaluation.metric_timeout,
+            supervisor=supervisor,
+            on_judge_call=on_call,
+        )
     evaluator = OnlineEvaluator(
         config.evaluation,
         metrics=metrics,
@@ -182,6 +208,8 @@ def build_stage(
         reference_lookup=reference_store.lookup if reference_store is not None else None,
         listeners=listeners,
         case_rules=CaseRules(config.cases),
+        pool=pool,
+        supervisor=supervisor,
     )
     on_call_hooks.append(evaluator.judge_listener())
     judge_status = JudgeStatus(judge.model)
@@ -195,6 +223,7 @@ def build_stage(
         alert_rules=[r.name for r in config.alerts.rules] if detector else [],
         reference_store=str(config.reference_store.path) if config.reference_store else None,
         session_store=config.session_store.backend,
+        processes=pool.processes if pool is not None else 0,
     )
     return EvaluationStage(
         evaluator,
