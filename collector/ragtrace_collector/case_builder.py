@@ -59,7 +59,6 @@ from ragtrace_collector.cases import ContextItem, RAGCase
 from ragtrace_collector.conventions import CONVENTIONS, Convention, Document, Role, by_name
 from ragtrace_collector.conventions.base import documents_from_attributes, json_value
 from ragtrace_collector.conventions.text import reduce_answer, reduce_question
-from ragtrace_collector.logs import get_logger
 from ragtrace_collector.sampling import AttrScalar
 from ragtrace_collector.spanattrs import attributes_to_dict
 
@@ -75,7 +74,13 @@ __all__ = [
     "may_hold_case",
 ]
 
-_log = get_logger("case_builder")
+
+def _log() -> Any:
+    # The config imports this module (cases:); structlog loads only when a case fails.
+    from ragtrace_collector.logs import get_logger
+
+    return get_logger("case_builder")
+
 
 #: Ancestors followed up from a retriever, at most (a guard against parent cycles).
 _MAX_DEPTH = 256
@@ -369,7 +374,7 @@ def build_cases(
                 reference_lookup=reference_lookup,
             )
         except Exception as exc:  # spans are untrusted: that case is skipped, not the trace
-            _log.warning(
+            _log().warning(
                 "case_build_failed",
                 trace_id=node.span.trace_id.hex(),
                 span_id=node.span.span_id.hex(),

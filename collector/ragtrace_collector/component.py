@@ -34,8 +34,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ragtrace_collector.logs import get_logger
-
 __all__ = [
     "Component",
     "ComponentHost",
@@ -44,6 +42,14 @@ __all__ = [
     "StatusEvent",
     "Supervisor",
 ]
+
+
+def _logger(name: str) -> Any:
+    # Imported when a host or supervisor is made, not with this module: the config
+    # (check-config, --help) imports components and must stay free of structlog.
+    from ragtrace_collector.logs import get_logger
+
+    return get_logger(name)
 
 
 class Status(enum.StrEnum):
@@ -153,7 +159,7 @@ class ComponentHost:
     def __init__(self, telemetry: Any | None = None) -> None:
         self._components: dict[str, Component] = {}
         self._telemetry = telemetry
-        self._log = get_logger("component")
+        self._log = _logger("component")
 
     # ---------------------------------------------------------------- registry
     def register(self, component: Component) -> Component:
@@ -267,7 +273,7 @@ class Supervisor:
         self._max = max_backoff
         self._rng = rng or random.Random()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._log = get_logger("supervisor")
+        self._log = _logger("supervisor")
         #: Unexpected failures seen, per task name (for tests and /healthz detail).
         self.failures: dict[str, int] = {}
 

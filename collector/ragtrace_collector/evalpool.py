@@ -490,15 +490,23 @@ def _unpack_case(packed: _Packed) -> RAGCase:
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether a details value is plain data (scalars, and lists or string-keyed dicts of
+    them, a few levels deep): what crosses back to the collector.  The per-node verdict
+    lists are plain dicts, and the document annotations are made from them."""
     if isinstance(value, _SCALARS):
         return True
-    return isinstance(value, (list, tuple)) and all(isinstance(v, _SCALARS) for v in value)
+    if depth >= 3:
+        return False
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in value.items())
+    return False
 
 
 def _pack_result(index: int, r: MetricResult) -> _Packed:
-    """A result as a tuple; of its details only plain values travel (the per-verdict
-    objects stay in the worker: nothing downstream of the metrics reads them)."""
+    """A result as a tuple; of its details only plain data travels (see :func:`_plain`)."""
     c = r.cost
     return (
         index,

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ragtrace_collector.admin import AdminServer
-from ragtrace_collector.component import ComponentHost, Supervisor
+from ragtrace_collector.component import ComponentHost, Status, Supervisor
 from ragtrace_collector.config import CollectorConfig, ConfigError, load_config
 from ragtrace_collector.exporters import Exporter, build_exporter
 from ragtrace_collector.logs import configure_logging, get_logger, redact
@@ -220,6 +220,13 @@ class CollectorService:
         self._started = True
         problems = port_problems(self.endpoints())
         if problems:
+            for receiver, key in (
+                (self.http_receiver, "receivers.http.endpoint"),
+                (self.grpc_receiver, "receivers.grpc.endpoint"),
+            ):
+                mine = [p for p in problems if p.startswith(key)]
+                if receiver is not None and mine:
+                    receiver.report(Status.PERMANENT_ERROR, mine[0])
             raise StartupError("\n".join(problems))
         where = {e.key: e for e in self.endpoints()}
 

@@ -165,14 +165,27 @@ async def test_pool_results_equal_in_process_results() -> None:
     scored = [k for k in in_process[0] if k.endswith(".score")]
     assert len(scored) >= 7, in_process[0]  # the case metrics did score
     assert any(k.endswith(".conversation_score") for k in in_process[-1])
-    assert one == in_process
-    assert two == in_process
+    # Document verdicts name their retriever span, whose id is random per run.
+    assert _without_span_ids(one) == _without_span_ids(in_process)
+    assert _without_span_ids(two) == _without_span_ids(in_process)
+
+
+def _without_span_ids(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    import re
+
+    return [
+        {
+            k: re.sub(r'"span_id":"[0-9a-f]+"', "", v) if k.endswith(".documents") else v
+            for k, v in attrs.items()
+        }
+        for attrs in runs
+    ]
 
 
 async def test_huge_trace_times_out_in_a_worker_without_blocking_the_loop() -> None:
     """Several MB of context with ground truth (bounds raised): the offline judge
     runs in a worker, the loop stays free, metric_timeout kills and replaces it."""
-    ev = _evaluator(1, ("contextual_recall",), metric_timeout=1.0, max_context_chars=10_000_000)
+    ev = _evaluator(1, ("contextual_recall",), metric_timeout=0.3, max_context_chars=10_000_000)
     assert ev.pool is not None
     ev.start()
     fwd = _Forwarded()
