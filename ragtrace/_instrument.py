@@ -613,16 +613,39 @@ def _chunk_text(chunk: Any) -> str | None:
     return None
 
 
-class _IteratorProxy:
-    """What a decorated function returns in place of the iterator it returned."""
+class _StreamProxy:
+    """What the two proxies share: the wrapped stream, its span, and ending it once."""
 
     __slots__ = ("__weakref__", "_call", "_done", "_inner", "_stream")
 
-    def __init__(self, inner: Iterator[Any], call: _Call) -> None:
+    def __init__(self, inner: Any, call: _Call) -> None:
         self._inner = inner
         self._call = call
         self._stream = _Stream(call)
         self._done = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __repr__(self) -> str:
+        return f"<ragtrace stream of {self._inner!r}>"
+
+    def _end(self, error: BaseException | None) -> None:
+        if not self._done:
+            self._done = True
+            self._stream.finish(error)
+
+    def __del__(self) -> None:
+        try:
+            self._end(GeneratorExit())
+        except Exception:
+            pass
+
+
+class _IteratorProxy(_StreamProxy):
+    """What a decorated function returns in place of the iterator it returned."""
+
+    __slots__ = ()
 
     def __iter__(self) -> _IteratorProxy:
         return self
@@ -664,34 +687,11 @@ class _IteratorProxy:
         finally:
             self._end(exc_info[1] if exc_info[1] is not None else GeneratorExit())
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
-    def __repr__(self) -> str:
-        return f"<ragtrace stream of {self._inner!r}>"
-
-    def _end(self, error: BaseException | None) -> None:
-        if not self._done:
-            self._done = True
-            self._stream.finish(error)
-
-    def __del__(self) -> None:
-        try:
-            self._end(GeneratorExit())
-        except Exception:
-            pass
-
-
-class _AsyncIteratorProxy:
+class _AsyncIteratorProxy(_StreamProxy):
     """The async twin of :class:`_IteratorProxy` (an OpenAI ``AsyncStream``...)."""
 
-    __slots__ = ("__weakref__", "_call", "_done", "_inner", "_stream")
-
-    def __init__(self, inner: AsyncIterator[Any], call: _Call) -> None:
-        self._inner = inner
-        self._call = call
-        self._stream = _Stream(call)
-        self._done = False
+    __slots__ = ()
 
     def __aiter__(self) -> _AsyncIteratorProxy:
         return self
@@ -737,23 +737,6 @@ class _AsyncIteratorProxy:
             return await exit_(*exc_info) if callable(exit_) else None
         finally:
             self._end(exc_info[1] if exc_info[1] is not None else GeneratorExit())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def __repr__(self) -> str:
-        return f"<ragtrace stream of {self._inner!r}>"
-
-    def _end(self, error: BaseException | None) -> None:
-        if not self._done:
-            self._done = True
-            self._stream.finish(error)
-
-    def __del__(self) -> None:
-        try:
-            self._end(GeneratorExit())
-        except Exception:
-            pass
 
 
 def _returned_stream(call: _Call, result: Any) -> Any:
