@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from ragtrace_collector.judges.base import (
     UsefulnessResponse,
 )
 from tests.fakes.openai_server import FakeOpenAIServer, RecordedRequest, Reply
-from tests.judges.conftest import KEY_VALUE, MakeJudge
+from tests.judges.conftest import KEY_ENV, KEY_VALUE, MakeJudge
 
 CONTEXTS = (
     "The Eiffel Tower was designed by Gustave Eiffel's company.",
@@ -702,3 +704,50 @@ def test_retry_after_header_forms() -> None:
     waited = _retry_after(_Err({"retry-after": later}))
     assert waited is not None
     assert 20 < waited <= 30
+
+
+_FIRST_CALL_LAG = """
+import asyncio, json, sys, time
+from ragtrace_collector.judges.config import JudgeConfig
+from ragtrace_collector.judges.llm import LLMJudge
+from tests.judges.test_llm_judge import usefulness_task
+
+async def main() -> None:
+    judge = LLMJudge(JudgeConfig(model="openai/ragtrace-test-judge", api_base=sys.argv[1]))
+    worst = 0.0
+    async def tick() -> None:
+        nonlocal worst
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(0.005)
+            worst = max(worst, time.monotonic() - before - 0.005)
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.05)
+    await judge.ask(usefulness_task())
+    ticker.cancel()
+    print(json.dumps({"worst_lag_s": worst}))
+
+asyncio.run(main())
+"""
+
+
+async def test_the_first_call_does_not_stall_the_event_loop(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    # The openai client imports its resource modules on first use (about 1 s): a
+    # fresh interpreter shows whether that lands on the loop inside the first ask().
+    openai_server.enqueue(Reply.json(usefulness_answer("yes", "no", "yes")))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _FIRST_CALL_LAG,
+        openai_server.base_url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, KEY_ENV: KEY_VALUE, "OPENAI_API_KEY": KEY_VALUE},
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    assert len(openai_server.requests) == 1
+    # Lazy imports used to hold the loop for 1.3 s here; now it is about 10 ms.
+    assert json.loads(out)["worst_lag_s"] < 0.1

@@ -29,6 +29,7 @@ reported with outcome ``"cancelled"`` (not as an error of the model).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import functools
 import hashlib
@@ -473,6 +474,14 @@ class LLMJudge:
 
 
 # ---------------------------------------------------------------- helpers
+_FIRST_CALL_MODULES = (
+    "openai.resources",
+    "litellm.proxy._types",
+    "litellm._service_logger",
+    "litellm.integrations.prometheus_services",
+)
+
+
 def _import_litellm() -> Any:
     """Import litellm quietly and offline (its cost map from the installed package)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -481,6 +490,12 @@ def _import_litellm() -> Any:
         "ignore", message=r"Item '\w+' on TypedDict class 'ChatCompletion", category=UserWarning
     )
     litellm: Any = importlib.import_module("litellm")
+    # Modules that litellm and the openai client (its transport for OpenAI and every
+    # OpenAI-compatible server) import on first use: about 1.3 s that would otherwise
+    # land on the event loop inside the first judge call.  Pay it now, with the rest.
+    for module in _FIRST_CALL_MODULES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
     litellm.suppress_debug_info = True
     # Message bodies are user data: keep them out of any litellm logging callback.
     litellm.turn_off_message_logging = True
