@@ -44,12 +44,24 @@ __all__ = [
 ]
 
 
-def _logger(name: str) -> Any:
-    # Imported when a host or supervisor is made, not with this module: the config
-    # (check-config, --help) imports components and must stay free of structlog.
-    from ragtrace_collector.logs import get_logger
+class _LazyLogger:
+    """A logger made on first use: the config path (check-config, --help) builds
+    hosts and supervisors but must stay free of structlog."""
 
-    return get_logger(name)
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._logger: Any = None
+
+    def __getattr__(self, method: str) -> Any:
+        if self._logger is None:
+            from ragtrace_collector.logs import get_logger
+
+            self._logger = get_logger(self._name)
+        return getattr(self._logger, method)
+
+
+def _logger(name: str) -> Any:
+    return _LazyLogger(name)
 
 
 class Status(enum.StrEnum):

@@ -46,6 +46,7 @@ from ragtrace_collector.case_builder import CasesConfig
 from ragtrace_collector.enrichment import EnrichmentConfig
 from ragtrace_collector.judges.config import JudgeConfig
 from ragtrace_collector.metrics import METRIC_NAMES, OFFLINE_METRICS, MetricOptions
+from ragtrace_collector.redaction import redact, url_secrets
 from ragtrace_collector.reference_store import ReferenceStoreConfig
 from ragtrace_collector.sampling import SamplingConfig
 from ragtrace_collector.session_store import SessionStoreConfig
@@ -110,8 +111,6 @@ class ConfigError(ValueError):
     def render(self) -> str:
         lines = [f"{self.source}: invalid configuration"]
         # A problem may quote a URL with credentials: redacted like the logs.
-        from ragtrace_collector.logs import redact  # structlog: only when rendering
-
         lines += [f"  - {redact(p)}" for p in self.problems]
         return "\n".join(lines)
 
@@ -744,7 +743,7 @@ class CollectorConfig(StrictModel):
         except ValueError:
             pass  # an unset key variable is reported when the judge is built
         for url in urls:
-            found += _url_secrets(url)
+            found += url_secrets(url)
         return [s for s in found if s]
 
 
@@ -1083,9 +1082,3 @@ def _tag_of(model: type[BaseModel]) -> str | None:
         return None
     args = get_args(info.annotation)
     return str(args[0]) if args else None
-
-
-def _url_secrets(url: str | None) -> list[str]:
-    from ragtrace_collector.logs import url_secrets  # structlog: loaded where used
-
-    return url_secrets(url)

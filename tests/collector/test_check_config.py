@@ -215,11 +215,6 @@ def test_judge_key_variable_and_evaluation_off(tmp_path: Path) -> None:
 _HEAVY = ("scipy", "numpy", "redis", "aiohttp", "grpc", "litellm", "structlog", "rich")
 
 
-@pytest.mark.xfail(
-    reason="after merging the health work, rendering and config.secrets() load structlog via "
-    "logs.url_secrets/redact; moving them to a light module is left open",
-    strict=False,
-)
 @pytest.mark.parametrize("argv", [["check-config", "{config}"], ["--help"], ["serve", "--help"]])
 def test_check_config_and_help_import_no_heavy_module(tmp_path: Path, argv: list[str]) -> None:
     refs = tmp_path / "refs.jsonl"
