@@ -195,11 +195,20 @@ def test_grafana_provisioning_points_at_the_mounted_dashboards_and_prometheus() 
     assert 9090 in published_ports(svc["prometheus"])
 
 
-def test_main_stack_publishes_on_loopback_only_and_requires_a_bearer_token() -> None:
+@pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: str(p.relative_to(DOCKER)))
+def test_every_stack_publishes_on_loopback_only(compose: Path) -> None:
+    bindings = [
+        (name, binding)
+        for name, service in services(compose).items()
+        for binding in port_bindings(service)
+    ]
+    assert bindings, "the stack publishes no port at all"
+    for name, (ip, host, container) in bindings:
+        assert ip == "127.0.0.1", f"{name}: port {host}:{container} is published on {ip}"
+
+
+def test_main_stack_requires_a_bearer_token() -> None:
     svc = services(COMPOSE)
-    for name, service in svc.items():
-        for ip, host, container in port_bindings(service):
-            assert ip == "127.0.0.1", f"{name}: port {host}:{container} is published on {ip}"
     collector = svc["collector"]
     token_ref = environment(collector)["RAGTRACE_BEARER_TOKEN"]
     assert token_ref.startswith("${RAGTRACE_BEARER_TOKEN:?"), "the token must be required"
