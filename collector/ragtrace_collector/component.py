@@ -297,9 +297,26 @@ class Supervisor:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def run_once(
+        self, component: Component | None, work: Awaitable[None], *, name: str
+    ) -> asyncio.Task[None]:
+        """Run one piece of short-lived work (a request, a retry loop) as a task whose
+        unexpected exception is logged with its traceback, counted and reported like a
+        supervised task's, but not restarted: the owner awaits or cancels the task
+        and decides what the failure means.  Its exception never escapes the task."""
+        return asyncio.create_task(self._once(component, work, name), name=name)
+
     @property
     def tasks(self) -> frozenset[asyncio.Task[None]]:
         return frozenset(self._tasks)
+
+    async def _once(self, component: Component | None, work: Awaitable[None], name: str) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._failed(component, name, exc)
 
     async def _run(self, component: Component | None, factory: TaskFactory, name: str) -> None:
         delay = self._initial
@@ -312,19 +329,23 @@ class Supervisor:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.failures[name] = self.failures.get(name, 0) + 1
-                owner = component.component_name if component is not None else name
-                self._log.exception(
-                    "task_failed", task=name, component=owner, restart_in_s=round(delay, 3)
-                )
-                if self._host is not None:
-                    self._host.failed(owner)
-                if component is not None:
-                    component.report(Status.RECOVERABLE_ERROR, exc)
+                self._failed(component, name, exc, restart_in_s=round(delay, 3))
             if loop.time() - started > self._max:
                 delay = self._initial
             await asyncio.sleep(delay * (0.5 + self._rng.random()))
             delay = min(delay * 2.0, self._max)
+
+    def _failed(
+        self, component: Component | None, name: str, exc: Exception, **detail: object
+    ) -> None:
+        """Log (with the traceback: called inside ``except``), count and report."""
+        self.failures[name] = self.failures.get(name, 0) + 1
+        owner = component.component_name if component is not None else name
+        self._log.exception("task_failed", task=name, component=owner, **detail)
+        if self._host is not None:
+            self._host.failed(owner)
+        if component is not None:
+            component.report(Status.RECOVERABLE_ERROR, exc)
 
     async def stop(self, wait: float | None = None) -> None:
         """Cancel every task and wait for them (at most ``wait`` seconds)."""

@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 import pytest
+import structlog.testing
 
 from ragtrace_collector.component import Component, ComponentHost, Status, Supervisor
 from ragtrace_collector.telemetry import Telemetry
@@ -119,3 +120,46 @@ async def test_supervised_failure_never_unretrieved(caplog: pytest.LogCaptureFix
         await sup.stop(wait=2)
     assert count >= 3
     assert seen == []
+
+
+async def test_run_once_failure_is_logged_counted_reported_and_not_restarted() -> None:
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, ctx: unhandled.append(ctx))
+    telemetry = Telemetry()
+    host = ComponentHost(telemetry)
+    part = host.register(_Part("exporter:phoenix"))
+    part.report_ok()
+    sup = Supervisor(host)
+    calls = 0
+
+    async def post() -> None:
+        nonlocal calls
+        calls += 1
+        raise KeyError("annotation bug")
+
+    with structlog.testing.capture_logs() as logs:
+        await sup.run_once(part, post(), name="annotate")  # the exception stays inside
+    await asyncio.sleep(0.05)
+    assert calls == 1  # one-shot: not restarted
+    assert sup.failures == {"annotate": 1}
+    assert (
+        telemetry.registry.get_sample_value(
+            "ragtrace_component_failures_total", {"component": "exporter:phoenix"}
+        )
+        == 1
+    )
+    assert part.status is Status.RECOVERABLE_ERROR
+    assert part.last_error == "KeyError: 'annotation bug'"
+    (logged,) = [e for e in logs if e["event"] == "task_failed"]
+    assert logged["task"] == "annotate"
+    assert logged["component"] == "exporter:phoenix"
+    assert logged["exc_info"] is True  # with its traceback
+    assert unhandled == []
+    # Cancelling is the owner's business: it propagates and counts nothing.
+    blocked = sup.run_once(part, asyncio.sleep(3600), name="slow")
+    await asyncio.sleep(0)
+    blocked.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await blocked
+    assert sup.failures == {"annotate": 1}

@@ -369,8 +369,9 @@ class PhoenixExporter(OtlpHttpExporter):
             # them) beside the export workers, which go on with the next batch.  At
             # most _MAX_ANNOTATING batches wait: past that, the export queue waits.
             await self._slots.acquire()
-            task = asyncio.create_task(
-                self._annotate(payload.annotations), name=f"exporter-{self.name}-annotate"
+            # A bug in there is logged, counted and reported on this exporter's status.
+            task = self._supervisor.run_once(
+                self, self._annotate(payload.annotations), name=f"exporter-{self.name}-annotate"
             )
             self._annotating.add(task)
             task.add_done_callback(self._annotated)
@@ -394,8 +395,6 @@ class PhoenixExporter(OtlpHttpExporter):
     def _annotated(self, task: asyncio.Task[None]) -> None:
         self._annotating.discard(task)
         self._slots.release()
-        if not task.cancelled() and task.exception() is not None:
-            self._log.error("phoenix_annotation_failed", error=repr(task.exception()))
 
     async def _close_client(self) -> None:
         """At shutdown: annotations still waiting get until the deadline, then count
