@@ -34,6 +34,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ragtrace_collector.lazylog import LazyLogger
+
 __all__ = [
     "Component",
     "ComponentHost",
@@ -42,26 +44,6 @@ __all__ = [
     "StatusEvent",
     "Supervisor",
 ]
-
-
-class _LazyLogger:
-    """A logger made on first use: the config path (check-config, --help) builds
-    hosts and supervisors but must stay free of structlog."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._logger: Any = None
-
-    def __getattr__(self, method: str) -> Any:
-        if self._logger is None:
-            from ragtrace_collector.logs import get_logger
-
-            self._logger = get_logger(self._name)
-        return getattr(self._logger, method)
-
-
-def _logger(name: str) -> Any:
-    return _LazyLogger(name)
 
 
 class Status(enum.StrEnum):
@@ -171,7 +153,7 @@ class ComponentHost:
     def __init__(self, telemetry: Any | None = None) -> None:
         self._components: dict[str, Component] = {}
         self._telemetry = telemetry
-        self._log = _logger("component")
+        self._log = LazyLogger("component")
 
     # ---------------------------------------------------------------- registry
     def register(self, component: Component) -> Component:
@@ -285,7 +267,7 @@ class Supervisor:
         self._max = max_backoff
         self._rng = rng or random.Random()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._log = _logger("supervisor")
+        self._log = LazyLogger("supervisor")
         #: Unexpected failures seen, per task name (for tests and /healthz detail).
         self.failures: dict[str, int] = {}
 

@@ -46,6 +46,7 @@ __all__ = [
     "load_reference_store",
     "metric_defaults_problems",
     "preflight_problems",
+    "storage_problems",
 ]
 
 
@@ -153,6 +154,16 @@ def load_reference_store(
         return None, [f"reference_store.path: {exc}"]
 
 
+def storage_problems(config: CollectorConfig) -> list[str]:
+    """``storage.directory`` can be created or written, and no collector holds it."""
+    from ragtrace_collector.storage.wal import directory_problem
+
+    if config.storage.directory is None:
+        return []
+    problem = directory_problem(Path(config.storage.directory))
+    return [] if problem is None else [f"storage.directory: {problem}"]
+
+
 def preflight_problems(
     config: CollectorConfig, *, skip: Collection[str] = (), reference_file: bool = True
 ) -> list[str]:
@@ -163,9 +174,11 @@ def preflight_problems(
     ``reference_file=False`` leaves the reference file to the caller, which loads
     the store anyway (``build_stage``), so that it is read once.
     """
-    if not config.evaluation.enabled:
-        return []  # serve builds no evaluation stage: nothing below is used
     problems: list[str] = []
+    if "storage" not in skip:
+        problems += storage_problems(config)
+    if not config.evaluation.enabled:
+        return problems  # serve builds no evaluation stage: nothing below is used
     if "judge" not in skip:
         problems += judge_problems(config)
     defaults = metric_defaults_problems(config.evaluation.metric_defaults)

@@ -246,3 +246,47 @@ def test_check_config_and_help_import_no_heavy_module(tmp_path: Path, argv: list
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert "HEAVY [] CODE 0" in done.stderr, done.stderr
+
+
+def test_check_config_refuses_a_storage_directory_serve_cannot_open(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import fcntl
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    body = """
+        evaluation: {{enabled: false}}
+        receivers: {{grpc: {{endpoint: "127.0.0.1:0"}}, http: {{endpoint: "127.0.0.1:0"}}}}
+        admin: {{endpoint: "127.0.0.1:0"}}
+        exporters: {{f: {{type: file, path: {out}}}}}
+        storage: {{directory: {directory}}}
+        """
+    out = tmp_path / "out.jsonl"
+    bad = _write(tmp_path, body.format(out=out, directory=blocker / "wal"))
+    code, text = _check(bad, capsys)
+    assert code == 1
+    assert f"storage.directory: {blocker} is not a directory" in text
+    done = serve_until_exit(bad, tmp_path)
+    assert done.returncode != 0
+    assert "storage.directory" in done.stderr
+    assert "Not a directory" in done.stderr
+
+    # A directory that does not exist yet is fine, and checking does not create it.
+    fresh = tmp_path / "new" / "wal"
+    code, text = _check(_write(tmp_path, body.format(out=out, directory=fresh)), capsys)
+    assert code == 0, text
+    assert not fresh.parent.exists()
+
+    # A directory another collector holds: check-config says who, as serve would.
+    held = tmp_path / "held"
+    held.mkdir()
+    with open(held / "lock", "a+") as lock:
+        lock.write("4242\n")
+        lock.flush()
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code, text = _check(_write(tmp_path, body.format(out=out, directory=held)), capsys)
+    assert code == 1
+    assert f"storage.directory: {held} is in use by another collector (pid 4242)" in text
+    code, text = _check(_write(tmp_path, body.format(out=out, directory=held)), capsys)
+    assert code == 0, text  # released: fine again

@@ -32,6 +32,7 @@ from tests.collector.harness import (
     COLLECTOR,
     ServeProcess,
     collector_config,
+    http_get,
     passthrough_sections,
     running_collector,
     sink_exporter,
@@ -468,3 +469,49 @@ def test_every_fsync_policy_writes_before_acknowledging(tmp_path: Path, fsync: s
     assert reopened.checkpoint == 51  # every entry settled: nothing to replay
     assert reopened.next_seq == 51
     reopened.close()
+
+
+def test_a_write_error_refuses_retryably_reports_permanent_error_and_recovers(
+    sink: OtlpSink, tmp_path: Path
+) -> None:
+    """The disk fails (ENOSPC) under a running collector: the request is refused with a
+    retryable answer and nothing is acknowledged, storage is permanent_error and
+    /healthz says so; once writes work again, the client's retry is accepted and
+    delivered, and storage is ok.  (Fault injection: this runs as root, where a
+    read-only directory does not stop writes.)"""
+    requests = make_requests(2, 20, tag=7)
+    cfg = collector_config(
+        sink=sink, storage={"directory": str(tmp_path / "wal")}, **passthrough_sections()
+    )
+    with running_collector(cfg) as collector:
+        storage = collector.svc.storage
+        assert storage is not None
+        real_append = storage._wal.append
+        failing = threading.Event()
+        failing.set()
+
+        def append(records: list[tuple[int, bytes]]) -> list[tuple[int, int, int]]:
+            if failing.is_set():
+                raise OSError(28, "No space left on device")
+            return real_append(records)
+
+        storage._wal.append = append  # type: ignore[method-assign]
+        addr = collector.svc.http_address
+        assert addr is not None
+        sender = Sender(f"{addr[0]}:{addr[1]}", requests, 0)
+        sender.start()
+        wait_for(lambda: sender.refused >= 2, what="refusals while the disk fails")
+        assert sender.acked == []
+        assert collector.call(lambda: storage.status.value) == "permanent_error"
+        code, body = http_get(f"{collector.admin_url}/healthz")
+        assert code == 503
+        assert b"No space left on device" in body
+        failing.clear()
+        sender.join(30)
+        assert not sender.is_alive()
+        assert sender.broken is None
+        wanted = {i for _, ids in requests for i in ids}
+        assert set(sender.acked) == wanted
+        wait_delivered(sink, wanted, timeout=30)
+        wait_for(lambda: collector.call(lambda: storage.status.value) == "ok", what="storage ok")
+        assert http_get(f"{collector.admin_url}/healthz")[0] == 200

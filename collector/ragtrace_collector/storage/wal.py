@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final, Literal
 
-from ragtrace_collector.logs import get_logger
+from ragtrace_collector.lazylog import LazyLogger
 
-__all__ = ["Segment", "StorageError", "StorageLocked", "WriteAheadLog"]
+__all__ = ["Segment", "StorageError", "StorageLocked", "WriteAheadLog", "directory_problem"]
 
 FsyncPolicy = Literal["never", "batch", "always"]
 
@@ -45,6 +45,7 @@ _HEADER: Final = struct.Struct("<IIQ")
 _SEQ: Final = struct.Struct("<Q")
 _CHECKPOINT: Final = struct.Struct("<QI")
 _SUFFIX: Final = ".wal"
+_LOCK_NAME: Final = "lock"
 _MAX_PAYLOAD: Final = 0xFFFF_FFFF
 
 
@@ -76,7 +77,7 @@ class WriteAheadLog:
         self.directory = directory
         self._segment_size = segment_size
         self._fsync = fsync
-        self._log = get_logger("storage")
+        self._log = LazyLogger("storage")
         self._lock_fh: IO[str] | None = None
         self._active: IO[bytes] | None = None
         self._active_segment: Segment | None = None
@@ -94,7 +95,7 @@ class WriteAheadLog:
         """Create and lock the directory, list segments, recover the torn tail."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            lock = open(self.directory / "lock", "a+")  # noqa: SIM115 (held until close)
+            lock = open(self.directory / _LOCK_NAME, "a+")  # noqa: SIM115 (held until close)
         except OSError as exc:
             raise StorageError(f"cannot use storage.directory {self.directory}: {exc}") from None
         try:
@@ -322,3 +323,32 @@ class WriteAheadLog:
         tmp.write_bytes(_CHECKPOINT.pack(seq, zlib.crc32(_SEQ.pack(seq))))
         os.replace(tmp, path)
         self.checkpoint = seq
+
+
+def directory_problem(directory: Path) -> str | None:
+    """Why :meth:`WriteAheadLog.open` would refuse ``directory``, checked without
+    creating or locking anything (for ``check-config``); None when it would open."""
+    existing = directory
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        verb = "write to" if existing == directory else "create"
+        return f"cannot {verb} {directory}: {existing} is not writable"
+    lock_path = directory / _LOCK_NAME
+    if existing != directory or not lock_path.exists():
+        return None
+    try:
+        with open(lock_path) as lock:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                holder = lock.read().strip() or "unknown"
+                return f"{directory} is in use by another collector (pid {holder})"
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    except OSError as exc:
+        return f"cannot read {lock_path}: {exc}"
+    return None
