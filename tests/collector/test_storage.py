@@ -129,6 +129,18 @@ class Sender(threading.Thread):
             conn.close()
 
 
+def _all_acknowledged(
+    sender: Sender, requests: list[tuple[bytes, list[str]]], timeout: float
+) -> set[str]:
+    """Wait for ``sender`` to finish; every span id it sent was acknowledged."""
+    sender.join(timeout)
+    assert not sender.is_alive()
+    assert sender.broken is None
+    wanted = {i for _, ids in requests for i in ids}
+    assert set(sender.acked) == wanted
+    return wanted
+
+
 def storage_config(sink: OtlpSink, wal: Path, **extra: Any) -> dict[str, Any]:
     config: dict[str, Any] = {
         "receivers": {
@@ -309,11 +321,7 @@ def test_full_log_answers_back_pressure_and_drops_nothing(sink: OtlpSink, tmp_pa
         on_disk = sum(p.stat().st_size for p in segments(wal))
         assert on_disk <= 1024 * 1024 + 200_000  # the bound, plus what was being written
         sink.come_up()
-        sender.join(120)
-        assert not sender.is_alive()
-        assert sender.broken is None
-        wanted = {i for _, ids in requests for i in ids}
-        assert set(sender.acked) == wanted
+        wanted = _all_acknowledged(sender, requests, timeout=120)
         got = wait_delivered(sink, wanted, timeout=60)
         assert max(got.values()) == 1
         assert len(got) == 15_000
@@ -507,11 +515,7 @@ def test_a_write_error_refuses_retryably_reports_permanent_error_and_recovers(
         assert code == 503
         assert b"No space left on device" in body
         failing.clear()
-        sender.join(30)
-        assert not sender.is_alive()
-        assert sender.broken is None
-        wanted = {i for _, ids in requests for i in ids}
-        assert set(sender.acked) == wanted
+        wanted = _all_acknowledged(sender, requests, timeout=30)
         wait_delivered(sink, wanted, timeout=30)
         wait_for(lambda: collector.call(lambda: storage.status.value) == "ok", what="storage ok")
         assert http_get(f"{collector.admin_url}/healthz")[0] == 200
