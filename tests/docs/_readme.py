@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 CONFIG_DOC = ROOT / "docs" / "configuration.md"
+OPERATIONS_DOC = ROOT / "docs" / "operations.md"
 #: Every document whose examples and links the tests check.
-DOCUMENTS = (README, METRICS_DOC, CONFIG_DOC)
+DOCUMENTS = (README, METRICS_DOC, CONFIG_DOC, OPERATIONS_DOC)
 
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<info>[^`\n]*)$")
 _MARKER = re.compile(r"^\s*<!--\s*(?P<marker>[^>]*?)\s*-->\s*$")
