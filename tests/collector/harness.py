@@ -358,7 +358,9 @@ def serve_until_exit(config: Path, cwd: Path) -> subprocess.CompletedProcess[str
 class ServeProcess:
     """``ragtrace-collector serve`` as a subprocess; ports come from its JSON logs.
 
-    ``wait_ready=False`` returns at once (for a process expected to refuse to start).
+    The config is written as given plus, with ``passthrough`` (the default), the
+    sections that keep it a pure pass-through.  ``wait_ready=False`` returns at once
+    (for a process expected to refuse to start).
     """
 
     def __init__(
@@ -366,16 +368,21 @@ class ServeProcess:
         config: dict[str, Any],
         directory: Path,
         *,
+        env: dict[str, str] | None = None,
+        passthrough: bool = True,
         wait_ready: bool = True,
         timeout: float = 30,
     ) -> None:
         path = directory / "collector.yaml"
-        path.write_text(yaml.safe_dump({**config, **passthrough_sections()}))
+        path.write_text(
+            yaml.safe_dump({**config, **passthrough_sections()} if passthrough else config)
+        )
         self.proc = subprocess.Popen(
             [str(COLLECTOR), "serve", "--config", str(path)],
             stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self.events: list[dict[str, Any]] = []
         self.endpoints: dict[str, str] = {}
@@ -383,15 +390,21 @@ class ServeProcess:
         assert self.proc.stderr is not None
         self._reader = threading.Thread(target=self._read, args=(self.proc.stderr,), daemon=True)
         self._reader.start()
-        if wait_ready and not self._ready.wait(timeout):
-            self.proc.kill()
-            raise AssertionError(f"collector did not start: {self.events}")
+        if not wait_ready:
+            return
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise AssertionError(f"collector did not start: {self.events[-10:]}")
 
     def _read(self, stream: IO[str]) -> None:
         for line in stream:
             try:
                 event = json.loads(line)
             except json.JSONDecodeError:
+                event = None
+            if not isinstance(event, dict):
                 event = {"event": "raw", "line": line}
             self.events.append(event)
             if event.get("event") == "receiver_listening":
@@ -400,6 +413,10 @@ class ServeProcess:
                 self.endpoints["admin"] = event["endpoint"]
             if event.get("event") == "collector_ready":
                 self._ready.set()
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.endpoints['otlp_http']}"
 
     def event(self, name: str) -> dict[str, Any] | None:
         """The first log event called ``name``, if any."""

@@ -15,28 +15,25 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ragtrace import semconv
 from ragtrace_collector.config import CollectorConfig
 from ragtrace_collector.server import CollectorService
-from tests.collector.harness import CollectorThread, collector_config, http_get
+from tests.collector.harness import (
+    CollectorThread,
+    ServeProcess,
+    collector_config,
+    http_get,
+)
 from tests.fakes.openai_server import FakeOpenAIServer, Handler
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan, attributes_of
-
-COLLECTOR = Path(sys.executable).with_name("ragtrace-collector")
 
 #: Name of the environment variable holding the (dummy) judge key.
 JUDGE_KEY_ENV = "RAGTRACE_E2E_JUDGE_KEY"
@@ -267,60 +264,17 @@ def assert_errored(span: ReceivedSpan, metric: str) -> str:
 
 
 # ----------------------------------------------------------- serve subprocess
-class Serve:
-    """``ragtrace-collector serve`` as a subprocess, ports read from its JSON logs."""
+class Serve(ServeProcess):
+    """``ragtrace-collector serve`` as a subprocess running the config as given
+    (evaluation included), ports read from its JSON logs."""
 
     def __init__(
         self, config: dict[str, Any], directory: Path, env: dict[str, str] | None = None
     ) -> None:
-        path = directory / "collector.yaml"
-        path.write_text(yaml.safe_dump(config))
-        self.proc = subprocess.Popen(
-            [str(COLLECTOR), "serve", "--config", str(path)],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        )
-        self.events: list[dict[str, Any]] = []
-        self.endpoints: dict[str, str] = {}
-        self._ready = threading.Event()
-        assert self.proc.stderr is not None
-        self._reader = threading.Thread(target=self._read, args=(self.proc.stderr,), daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + 60
-        while not self._ready.wait(0.1):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                raise AssertionError(f"collector did not start: {self.events[-10:]}")
-
-    def _read(self, stream: IO[str]) -> None:
-        for line in stream:
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                event = {"event": "raw", "line": line}
-            if not isinstance(event, dict):
-                event = {"event": "raw", "line": line}
-            self.events.append(event)
-            if event.get("event") == "receiver_listening":
-                self.endpoints[event["receiver"]] = event["endpoint"]
-            if event.get("event") == "admin_listening":
-                self.endpoints["admin"] = event["endpoint"]
-            if event.get("event") == "collector_ready":
-                self._ready.set()
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{self.endpoints['otlp_http']}"
+        super().__init__(config, directory, env=env, passthrough=False, timeout=60)
 
     def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         return scrape(f"http://{self.endpoints['admin']}/metrics")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 def serve_config(sink: OtlpSink, **sections: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e._support import COLLECTOR
+from tests.collector.harness import COLLECTOR
 
 #: A reference file that exists but does not parse (a missing one is only a status).
 _BROKEN_REFS = Path(__file__).with_name("broken_refs.jsonl")

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,9 @@ from typing import Any
 import yaml
 
 import ragtrace
+from tests.collector.harness import COLLECTOR
 from tests.e2e import _app
 from tests.fakes.services import free_port
-
-COLLECTOR = Path(sys.executable).with_name("ragtrace-collector")
 
 #: One distinct secret per place, so a leak names its source.
 SECRETS = {
