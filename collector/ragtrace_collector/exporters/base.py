@@ -14,12 +14,14 @@ A worker takes traces from the queue up to ``max_batch_spans``, encodes them onc
 and sends with retries.  A trace larger than ``max_batch_spans`` is cut, at enqueue,
 into pieces of at most that many spans (in span order, each piece one request), so
 no request and no encoding grows with the size of one trace; the trace counts as
-settled (``on_settled``, with its original groups) only once every piece is.  It
-sends with retries: exponential backoff with jitter on retryable failures,
-or the delay the backend asked for (HTTP Retry-After, gRPC RetryInfo).  By default it
-retries until the batch is delivered, so spans wait while the backend is down and go
-out when it returns.  At shutdown, :meth:`Exporter.close` delivers what it can before
-the deadline and counts the rest as dropped (``reason="shutdown_deadline"``).
+settled (``on_settled``, with its original groups) only once every piece is, so a
+crash or a shutdown deadline between pieces replays or spills the whole trace
+(at-least-once: the pieces already delivered come again).  Retries: exponential
+backoff with jitter on retryable failures, or the delay the backend asked for (HTTP
+Retry-After, gRPC RetryInfo).  By default it retries until the batch is delivered,
+so spans wait while the backend is down and go out when it returns.  At shutdown,
+:meth:`Exporter.close` delivers what it can before the deadline and counts the rest
+as dropped (``reason="shutdown_deadline"``).
 
 ``ragtrace_spans_dropped{reason}``: ``queue_full`` (drop_oldest), ``rejected`` (a
 non-retryable answer, or spans the backend refused in a partial success),
