@@ -18,7 +18,9 @@ trace evaluated and exported), ``/healthz`` is probed on a new connection every
 4. ``judge-10mb``: a small ``@rag`` trace with ground truth, evaluated by
    ``contextual_recall`` through the LLM judge (litellm), whose answer is a 10 MB
    body.  One warm-up trace (short answer) goes first, so that the lazy imports of
-   litellm's first call are not counted as the answer's cost.
+   litellm's first call are not counted as the answer's cost.  The judge calls on
+   the collector's ``/metrics`` must move, or the case counts as missed (a trace
+   skipped before reaching the judge measures nothing).
 
 Reported per case: probes made, p50/p99/max probe latency, the normal export's status
 and latency, the hostile request's status and time, and p99 against the baseline:
@@ -180,6 +182,12 @@ def _baseline(healthz: str, seconds: float) -> list[Timed]:
     return probe_for(healthz, stop)
 
 
+def _judge_calls(collector: Serve) -> int:
+    """Judge calls the collector made so far (every outcome), from its ``/metrics``."""
+    samples = collector.scrape().items()
+    return int(sum(v for (name, _), v in samples if name == "ragtrace_judge_calls_total"))
+
+
 def _warm_up(collector: Serve, sink: _Sink) -> None:
     """One evaluated trace with a short judge answer: litellm and the OpenAI client
     import lazily on their first call, a cost apart from the 10 MB answer."""
@@ -189,6 +197,8 @@ def _warm_up(collector: Serve, sink: _Sink) -> None:
     )
     if status.status != 200 or not sink.wait(lambda s: s["rag"] > before):
         raise RuntimeError("the warm-up trace was not evaluated and exported")
+    if _judge_calls(collector) == 0:
+        raise RuntimeError("the warm-up trace was exported without asking the judge")
 
 
 def _summary(name: str, outcome: LoadOutcome, baseline_p99: float) -> dict[str, Any]:
@@ -322,8 +332,13 @@ def main() -> int:
                         p99 = percentile([p.seconds for p in base], 0.99)
                         baselines["LLM judge"] = p99
                         print("running judge-10mb ...", flush=True)
+                        calls = _judge_calls(collector)
                         outcome = _run_case("judge-10mb", collector, sink)
                         rows.append(_summary("judge-10mb", outcome, p99))
+                        if _judge_calls(collector) == calls:
+                            # Nothing was measured: the case was never sent to the judge.
+                            rows[-1]["meets_target"] = False
+                            print("the judge was not asked during judge-10mb", flush=True)
                     finally:
                         collector.kill()
                 finally:

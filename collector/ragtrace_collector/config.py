@@ -345,7 +345,8 @@ class _ExporterBase(StrictModel):
         default_factory=RetryConfig,
         description="Backoff for retryable failures (unreachable backend, 429, 5xx).",
     )
-    #: Spans per export request (a trace is never split across requests).
+    #: Most spans in one export request.  Traces are packed whole up to it; a trace
+    #: with more spans is cut into several requests of at most this many, in order.
     max_batch_spans: int = Field(default=2048, ge=1)
     #: Export requests in flight at once.
     concurrency: int = Field(default=2, ge=1, le=64)

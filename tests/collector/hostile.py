@@ -40,9 +40,12 @@ def gzip_members_body(total_bytes: int) -> bytes:
     return member * max(1, total_bytes // len(member))
 
 
-def big_rag_trace(total_bytes: int, *, documents: int = 15) -> ExportTraceServiceRequest:
-    """A ``@rag`` root with ``ragtrace.expected_output``, a retriever holding
-    ``documents`` documents of ``total_bytes`` in all, and a generator."""
+def big_rag_trace(
+    total_bytes: int, *, documents: int = 15, expected_repeats: int = 2000
+) -> ExportTraceServiceRequest:
+    """A ``@rag`` root with ``ragtrace.expected_output`` (a sentence of 37 characters
+    ``expected_repeats`` times), a retriever holding ``documents`` documents of
+    ``total_bytes`` in all, and a generator."""
     trace_id = new_trace_id()
     root = make_span(
         trace_id,
@@ -51,7 +54,7 @@ def big_rag_trace(total_bytes: int, *, documents: int = 15) -> ExportTraceServic
             semconv.RAGTRACE_SPAN_KIND: semconv.KIND_RAG,
             semconv.INPUT_VALUE: "What does the handbook say about the refund policy?",
             semconv.OUTPUT_VALUE: "Refunds are possible within 30 days of purchase.",
-            semconv.EXPECTED_OUTPUT: "Refunds are accepted within 30 days. " * 2000,
+            semconv.EXPECTED_OUTPUT: "Refunds are accepted within 30 days. " * expected_repeats,
         },
     )
     doc_size = max(1, total_bytes // documents)
@@ -76,8 +79,9 @@ def big_rag_trace(total_bytes: int, *, documents: int = 15) -> ExportTraceServic
 
 
 def small_rag_trace() -> ExportTraceServiceRequest:
-    """A small ``@rag`` trace with ground truth: the default rule evaluates it."""
-    return big_rag_trace(2_000, documents=2)
+    """A small ``@rag`` trace with ground truth: the default rule evaluates it, and
+    every input is within the default case bounds (so the judge is asked)."""
+    return big_rag_trace(2_000, documents=2, expected_repeats=3)
 
 
 def wide_trace(spans: int) -> ExportTraceServiceRequest:

@@ -124,6 +124,8 @@ class OtlpSink:
         self._spans: list[ReceivedSpan] = []
         self._requests = 0
         self._refused_spans = 0
+        #: Spans in each export call recorded, in arrival order.
+        self.request_spans: list[int] = []
         #: Headers (HTTP) or metadata (gRPC) of every export call, lower-cased keys.
         self.headers: list[dict[str, str]] = []
         #: Path (HTTP) or method (gRPC) of every export call.
@@ -211,6 +213,7 @@ class OtlpSink:
         with self._lock:
             self._spans.clear()
             self._requests = 0
+            self.request_spans.clear()
 
     def wait_for_spans(self, count: int, timeout: float = 30.0) -> list[ReceivedSpan]:
         """Block until at least ``count`` spans arrived; AssertionError on timeout."""
@@ -288,6 +291,7 @@ class OtlpSink:
         with self._lock:
             self._spans.extend(received)
             self._requests += 1
+            self.request_spans.append(len(received))
             self._lock.notify_all()
 
     def _refuse(self, body: bytes) -> None:

@@ -10,12 +10,18 @@ backend never blocks another exporter.  ``enqueue`` never blocks and never fails
 * ``on_full: drop_oldest``: the oldest queued spans are dropped, counted in
   ``ragtrace_spans_dropped{reason="queue_full"}``.
 
-A worker takes whole traces from the queue up to ``max_batch_spans``, encodes them
-once, and sends with retries: exponential backoff with jitter on retryable failures,
-or the delay the backend asked for (HTTP Retry-After, gRPC RetryInfo).  By default it
-retries until the batch is delivered, so spans wait while the backend is down and go
-out when it returns.  At shutdown, :meth:`Exporter.close` delivers what it can before
-the deadline and counts the rest as dropped (``reason="shutdown_deadline"``).
+A worker takes traces from the queue up to ``max_batch_spans``, encodes them once,
+and sends with retries.  A trace larger than ``max_batch_spans`` is cut, at enqueue,
+into pieces of at most that many spans (in span order, each piece one request), so
+no request and no encoding grows with the size of one trace; the trace counts as
+settled (``on_settled``, with its original groups) only once every piece is, so a
+crash or a shutdown deadline between pieces replays or spills the whole trace
+(at-least-once: the pieces already delivered come again).  Retries: exponential
+backoff with jitter on retryable failures, or the delay the backend asked for (HTTP
+Retry-After, gRPC RetryInfo).  By default it retries until the batch is delivered,
+so spans wait while the backend is down and go out when it returns.  At shutdown,
+:meth:`Exporter.close` delivers what it can before the deadline and counts the rest
+as dropped (``reason="shutdown_deadline"``).
 
 ``ragtrace_spans_dropped{reason}``: ``queue_full`` (drop_oldest), ``rejected`` (a
 non-retryable answer, or spans the backend refused in a partial success),
@@ -38,6 +44,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import dataclasses
 import random
 import time
 from collections import deque
@@ -99,12 +106,48 @@ def backoff_delays(config: RetryConfig, rng: random.Random | None = None) -> Ite
         delay = min(delay * config.multiplier, config.max_interval)
 
 
-class _Batch:
-    __slots__ = ("groups", "spans")
+class _Whole:
+    """A trace cut into pieces: its original groups, settled once no piece is left."""
 
-    def __init__(self, groups: list[SpanGroup], spans: int) -> None:
+    __slots__ = ("groups", "pending")
+
+    def __init__(self, groups: list[SpanGroup], pending: int) -> None:
+        self.groups = groups
+        self.pending = pending
+
+
+class _Batch:
+    __slots__ = ("groups", "spans", "whole")
+
+    def __init__(self, groups: list[SpanGroup], spans: int, whole: _Whole | None = None) -> None:
         self.groups = groups
         self.spans = spans
+        #: Set on a piece of a trace larger than ``max_batch_spans``.
+        self.whole = whole
+
+
+def _pieces(groups: list[SpanGroup], limit: int) -> list[list[SpanGroup]]:
+    """``groups`` cut into consecutive pieces of at most ``limit`` spans each, in
+    order; a group that straddles a cut is sliced (resource and scope shared)."""
+    pieces: list[list[SpanGroup]] = []
+    current: list[SpanGroup] = []
+    room = limit
+    for group in groups:
+        start = 0
+        while start < len(group.spans):
+            take = min(room, len(group.spans) - start)
+            if start == 0 and take == len(group.spans):
+                current.append(group)
+            else:
+                current.append(dataclasses.replace(group, spans=group.spans[start : start + take]))
+            start += take
+            room -= take
+            if room == 0:
+                pieces.append(current)
+                current, room = [], limit
+    if current:
+        pieces.append(current)
+    return pieces
 
 
 class Exporter(Component, abc.ABC, Generic[_Payload]):
@@ -184,7 +227,13 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
             self._drop(spans, "closed")
             self._log.error("export_after_close", spans=spans)
             return
-        self._queue.append(_Batch(groups, spans))
+        if spans <= self._max_batch:
+            self._queue.append(_Batch(groups, spans))
+        else:
+            pieces = _pieces(groups, self._max_batch)
+            whole = _Whole(groups, len(pieces))
+            for piece in pieces:
+                self._queue.append(_Batch(piece, sum(len(g.spans) for g in piece), whole))
         self._queued_spans += spans
         if self._drop_oldest:
             while self.depth > self._max_spans and len(self._queue) > 1:
@@ -366,9 +415,17 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
             return
 
     def _settled(self, batches: list[_Batch]) -> None:
-        if self.on_settled is not None:
+        done: list[SpanGroup] = []
+        for b in batches:
+            if b.whole is None:
+                done.extend(b.groups)
+                continue
+            b.whole.pending -= 1
+            if b.whole.pending == 0:  # the last piece of a cut trace
+                done.extend(b.whole.groups)
+        if self.on_settled is not None and done:
             try:
-                self.on_settled([g for b in batches for g in b.groups])
+                self.on_settled(done)
             except Exception:  # a bug in the hook must not stop delivery
                 self._log.exception("settle_hook_failed")
 

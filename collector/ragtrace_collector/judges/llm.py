@@ -8,6 +8,13 @@ One :meth:`LLMJudge.ask`:
 3. calls ``litellm.acompletion`` under the instance's concurrency limit, with a
    per-call timeout and our own retry policy (429, 5xx and connection errors, with
    exponential backoff, jitter and ``Retry-After``; litellm's ``num_retries`` is 0);
+   The answer's size is bounded on the wire, before anything parses it (for models
+   served through the OpenAI client: OpenAI and any OpenAI-compatible server): the
+   HTTP client refuses a body over ``answer_byte_limit(judge.max_answer_chars)``
+   bytes as soon as it is announced (Content-Length) or read, and any compressed
+   body (it asks for ``identity``; a compressed one could inflate without bound).  A
+   refusal is a ``JudgeError("invalid_response")`` on the metric, never retried;
+   without it, the client would parse a 10 MB JSON body on the event loop;
 4. parses the answer as one JSON object (local repair of fences, prose, trailing
    commas, Python literals), validates it strictly against the task's response
    model (extra keys and wrong types rejected) and ``task.check``;
@@ -37,12 +44,14 @@ import importlib
 import json
 import os
 import random
+import ssl
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
+import httpx
 import structlog
 from pydantic import BaseModel, ValidationError
 
@@ -61,12 +70,22 @@ from ragtrace_collector.judges.repair import parse_json_object
 from ragtrace_collector.logs import hold_third_party_loggers, redact
 from ragtrace_collector.results import Cost
 
-__all__ = ["JudgeStats", "LLMJudge"]
+__all__ = ["JudgeStats", "LLMJudge", "answer_byte_limit"]
 
 _log = structlog.get_logger(__name__)
 
 _MAX_ECHO_CHARS = 4000
 _MAX_PROBLEM_CHARS = 600
+#: JSON escapes one character of text in at most 6 bytes (``\uXXXX``).
+_BYTES_PER_ANSWER_CHAR = 6
+#: Room for the rest of a chat completion: ids, usage, choices, headers of JSON.
+_ANSWER_ENVELOPE_BYTES = 64 * 1024
+
+
+def answer_byte_limit(max_answer_chars: int) -> int:
+    """The largest HTTP answer body read from the judge: one holding an answer of
+    ``max_answer_chars`` characters, however it is escaped, plus its envelope."""
+    return max_answer_chars * _BYTES_PER_ANSWER_CHAR + _ANSWER_ENVELOPE_BYTES
 
 
 @dataclass
@@ -111,10 +130,73 @@ class _LoopState:
     loop: asyncio.AbstractEventLoop
     semaphore: asyncio.Semaphore
     inflight: dict[str, _Flight] = field(default_factory=dict)
+    #: The OpenAI client with the bounded HTTP client, handed to litellm as ``client``
+    #: (its connections belong to this loop); None when the model does not go
+    #: through the OpenAI client.
+    client: Any = None
 
 
 class _InvalidAnswer(Exception):
     """The answer is not a valid response; the message is what to tell the model."""
+
+
+class _AnswerRefused(Exception):
+    """The judge's HTTP answer was refused unread: too large, or compressed."""
+
+
+class _BoundedStream(httpx.AsyncByteStream):
+    """An answer body that raises :class:`_AnswerRefused` past ``limit`` bytes."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        size = 0
+        async for chunk in self._inner:
+            size += len(chunk)
+            if size > self._limit:
+                raise _AnswerRefused(f"answer body over {self._limit} bytes")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _bounded_http_client(openai: Any, limit: int, tls: ssl.SSLContext) -> httpx.AsyncClient:
+    """The OpenAI client's default HTTP client (its timeouts, pool limits, redirects
+    and environment proxies), refusing any answer body over ``limit`` bytes."""
+
+    async def plain(request: httpx.Request) -> None:
+        request.headers["Accept-Encoding"] = "identity"
+
+    async def bound(response: httpx.Response) -> None:
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise _AnswerRefused(f"compressed answer body (Content-Encoding: {encoding[:40]})")
+        announced = response.headers.get("Content-Length", "")
+        if announced.isdigit() and int(announced) > limit:
+            raise _AnswerRefused(f"answer body of {announced} bytes, over {limit} bytes")
+        stream = response.stream
+        if isinstance(stream, httpx.AsyncByteStream):
+            response.stream = _BoundedStream(stream, limit)
+
+    client: httpx.AsyncClient = openai.DefaultAsyncHttpxClient(
+        verify=tls, event_hooks={"request": [plain], "response": [bound]}
+    )
+    return client
+
+
+def _refusal(exc: BaseException) -> _AnswerRefused | None:
+    """The :class:`_AnswerRefused` behind what the OpenAI client and litellm raised."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, _AnswerRefused):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class LLMJudge:
@@ -134,6 +216,10 @@ class LLMJudge:
         self._api_key = config.api_key()
         self._litellm = _import_litellm()
         self._json_mode = config.json_mode and _supports_json_mode(self._litellm, config.model)
+        self._via_openai_client = _provider(self._litellm, config.model) == "openai"
+        # Loading the CA bundle takes tens of milliseconds: here, not on the loop when
+        # each loop's client is built.
+        self._tls = httpx.create_ssl_context() if self._via_openai_client else None
         self._cache: LRUCache[BaseModel] = LRUCache(config.cache_size)
         self._on_call = on_call
         self._listener_failed = False
@@ -266,8 +352,32 @@ class LLMJudge:
     def _loop_state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
         if self._state is None or self._state.loop is not loop:
-            self._state = _LoopState(loop, asyncio.Semaphore(self._config.concurrency))
+            self._state = _LoopState(
+                loop, asyncio.Semaphore(self._config.concurrency), client=self._openai_client()
+            )
         return self._state
+
+    def _openai_client(self) -> Any:
+        """An OpenAI client whose HTTP client bounds the answer's size, for litellm's
+        ``client`` parameter; None for other providers, or when the client cannot be
+        built here (litellm then builds its own and reports the problem)."""
+        if self._tls is None:
+            return None
+        import openai
+
+        cfg = self._config
+        try:
+            return openai.AsyncOpenAI(
+                api_key=self._api_key or os.environ.get("OPENAI_API_KEY"),
+                base_url=cfg.api_base,
+                timeout=cfg.timeout_s,
+                max_retries=0,
+                http_client=_bounded_http_client(
+                    openai, answer_byte_limit(cfg.max_answer_chars), self._tls
+                ),
+            )
+        except openai.OpenAIError:
+            return None
 
     # ------------------------------------------------------------ answering
     async def _answer(self, task: JudgeTask[Any], prompt: RenderedPrompt) -> tuple[BaseModel, Cost]:
@@ -357,6 +467,21 @@ class LLMJudge:
                     raise
                 except Exception as exc:
                     self._record(task_name, "error", started)
+                    refused = _refusal(exc)
+                    if refused is not None:
+                        limit = answer_byte_limit(cfg.max_answer_chars)
+                        _log.warning(
+                            "judge_answer_too_large",
+                            model=self.model,
+                            task=task_name,
+                            problem=str(refused),
+                            limit_bytes=limit,
+                        )
+                        raise JudgeError(
+                            "invalid_response",
+                            f"{task_name}: {refused}; refused unread (judge.max_answer_chars "
+                            f"{cfg.max_answer_chars} allows {limit} bytes)",
+                        ) from None
                     if not json_fallback_used and self._json_mode and _rejects_json_mode(exc):
                         # A server that refuses response_format: ask without it.
                         _log.warning("judge_json_mode_unsupported", model=self.model)
@@ -400,6 +525,9 @@ class LLMJudge:
             params["api_key"] = self._api_key
         if self._json_mode:
             params["response_format"] = {"type": "json_object"}
+        client = self._loop_state().client
+        if client is not None:
+            params["client"] = client
         return params
 
     def _accept(self, response: Any, task_name: str, started: float) -> tuple[str, Cost]:
@@ -479,6 +607,15 @@ _FIRST_CALL_MODULES = (
     "litellm.proxy._types",
     "litellm._service_logger",
     "litellm.integrations.prometheus_services",
+    # What a call with our own OpenAI client (the bounded HTTP client) loads on top:
+    # httpx's connection machinery and the asyncio backend of anyio, and the modules
+    # litellm's OpenAI path imports when it is handed a client.
+    "httpcore",
+    "h2.connection",
+    "anyio._backends._asyncio",
+    "litellm.llms.openai.chat.gpt_audio_transformation",
+    "litellm.llms.vertex_ai.vertex_ai_partner_models.anthropic.transformation",
+    "litellm.proxy.openai_files_endpoints.common_utils",
 )
 
 
@@ -503,6 +640,14 @@ def _import_litellm() -> Any:
     # (redacted) and hold them at WARNING unless logging.third_party_debug opts in.
     hold_third_party_loggers()
     return litellm
+
+
+def _provider(litellm: Any, model: str) -> str | None:
+    try:
+        _, provider, _, _ = litellm.get_llm_provider(model)
+    except Exception:
+        return None
+    return str(provider)
 
 
 def _supports_json_mode(litellm: Any, model: str) -> bool:
