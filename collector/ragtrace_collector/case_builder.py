@@ -59,6 +59,7 @@ from ragtrace_collector.cases import ContextItem, RAGCase
 from ragtrace_collector.conventions import CONVENTIONS, Convention, Document, Role, by_name
 from ragtrace_collector.conventions.base import documents_from_attributes, json_value
 from ragtrace_collector.conventions.text import reduce_answer, reduce_question
+from ragtrace_collector.protowire import string_field, varint
 from ragtrace_collector.sampling import AttrScalar
 from ragtrace_collector.spanattrs import attributes_to_dict
 
@@ -218,20 +219,6 @@ class CaseRules:
         return any(p.fullmatch(span.name) for p in self._name_patterns)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _string_field(tag: int, text: str) -> bytes:
-    data = text.encode()
-    return bytes([tag]) + _varint(len(data)) + data
-
-
 def _marker_patterns(
     markers: Mapping[str, frozenset[str] | None], events: frozenset[str]
 ) -> tuple[bytes, ...]:
@@ -240,14 +227,14 @@ def _marker_patterns(
     the key when any value marks; ``Span.Event`` field 2 (``name``) for the events."""
     patterns: list[bytes] = []
     for key, values in markers.items():
-        lead = _string_field(0x0A, key) + b"\x12"
+        lead = string_field(0x0A, key) + b"\x12"
         if values is None:
             patterns.append(lead)
             continue
         for value in sorted(values):
-            inner = _string_field(0x0A, value)
-            patterns.append(lead + _varint(len(inner)) + inner)
-    patterns.extend(_string_field(0x12, name) for name in sorted(events))
+            inner = string_field(0x0A, value)
+            patterns.append(lead + varint(len(inner)) + inner)
+    patterns.extend(string_field(0x12, name) for name in sorted(events))
     return tuple(patterns)
 
 

@@ -24,6 +24,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragtrace import semconv
+from ragtrace_collector import protowire
 from ragtrace_collector.results import MetricResult
 from ragtrace_collector.spanattrs import set_attribute
 
@@ -84,8 +85,8 @@ def _truncate(text: str, limit: int) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _flat_keys(metric: str) -> tuple[str, str, str, str, str, str]:
-    """threshold, reason, score, passed, error, skipped keys of ``metric``."""
+def _flat_keys(metric: str) -> tuple[str, str, str, str, str, str, str]:
+    """threshold, reason, score, passed, error, skipped, judge keys of ``metric``."""
     return (
         semconv.eval_attr(metric, semconv.EVAL_FIELD_THRESHOLD),
         semconv.eval_attr(metric, semconv.EVAL_FIELD_REASON),
@@ -93,6 +94,7 @@ def _flat_keys(metric: str) -> tuple[str, str, str, str, str, str]:
         semconv.eval_attr(metric, semconv.EVAL_FIELD_PASSED),
         semconv.eval_attr(metric, semconv.EVAL_FIELD_ERROR),
         semconv.eval_attr(metric, semconv.EVAL_FIELD_SKIPPED),
+        semconv.eval_attr(metric, semconv.EVAL_FIELD_JUDGE),
     )
 
 
@@ -108,26 +110,19 @@ def _evaluation_keys(index: int) -> tuple[str, str, str, str, str]:
     )
 
 
-def _write(attributes: Any, items: Sequence[tuple[str, Any]], existing: set[str]) -> None:
-    """Write ``items`` straight into the protobuf: keys not yet on the span are
-    appended with a typed setter; the rare existing key is replaced."""
+def _write(
+    out: list[bytes], attributes: Any, items: Sequence[tuple[str, Any]], existing: set[str]
+) -> None:
+    """Encode ``items`` as span attribute entries into ``out`` (merged into the span in
+    one call, :mod:`ragtrace_collector.protowire`); the rare key already on the span is
+    replaced in place instead."""
+    attribute = protowire.attribute
+    tag = protowire.SPAN_ATTRIBUTE
     for key, value in items:
-        kind = type(value)
-        if key in existing or kind not in _SCALARS:
+        if key in existing:
             set_attribute(attributes, key, value)
-            continue
-        target = attributes.add(key=key).value
-        if kind is float:
-            target.double_value = value
-        elif kind is str:
-            target.string_value = value
-        elif kind is bool:
-            target.bool_value = value
         else:
-            target.int_value = value
-
-
-_SCALARS = frozenset({float, str, bool, int})
+            out.append(attribute(tag, key, value))
 
 
 def _flat_items(
@@ -142,9 +137,9 @@ def _flat_items(
         items.append((semconv.EVAL_COST_USD, float(summary.cost_usd)))
     for r in results:
         m = r.metric
-        k_threshold, k_reason, k_score, k_passed, k_error, k_skipped = _flat_keys(m)
+        k_threshold, k_reason, k_score, k_passed, k_error, k_skipped, k_judge = _flat_keys(m)
         items.append((k_threshold, float(r.threshold)))
-        items.append((semconv.eval_attr(m, semconv.EVAL_FIELD_JUDGE), r.judge))
+        items.append((k_judge, r.judge))
         if r.reason:
             items.append((k_reason, _truncate(r.reason, limit)))
         if r.score is not None:
@@ -200,11 +195,8 @@ def _openinference_items(
     return items
 
 
-def _add_events(
-    span: trace_pb2.Span, results: Sequence[MetricResult], limit: int, now_ns: int
-) -> None:
+def _events(out: list[bytes], results: Sequence[MetricResult], limit: int, now_ns: int) -> None:
     for r in results:
-        event = span.events.add(time_unix_nano=now_ns, name=semconv.GEN_AI_EVALUATION_RESULT_EVENT)
         values: list[tuple[str, Any]] = [(semconv.GEN_AI_EVALUATION_NAME, r.metric)]
         if r.score is not None:
             values.append((semconv.GEN_AI_EVALUATION_SCORE_VALUE, float(r.score)))
@@ -214,10 +206,7 @@ def _add_events(
         values.append((semconv.GEN_AI_EVALUATION_EXPLANATION, _explanation(r, limit)))
         if r.error is not None:
             values.append((semconv.ERROR_TYPE, r.error.split(":", 1)[0]))
-        _write(event.attributes, values, _NO_KEYS)
-
-
-_NO_KEYS: set[str] = set()
+        out.append(protowire.event(now_ns, semconv.GEN_AI_EVALUATION_RESULT_EVENT, values))
 
 
 def enrich_span(
@@ -232,12 +221,15 @@ def enrich_span(
     limit = config.max_reason_chars
     attributes = span.attributes
     existing = {kv.key for kv in attributes} if (config.flat or config.openinference) else set()
+    out: list[bytes] = []
     if config.flat:
-        _write(attributes, _flat_items(results, summary, limit), existing)
+        _write(out, attributes, _flat_items(results, summary, limit), existing)
     if config.openinference:
-        _write(attributes, _openinference_items(existing, results, limit), existing)
+        _write(out, attributes, _openinference_items(existing, results, limit), existing)
     if config.events:
-        _add_events(span, results, limit, now_ns if now_ns is not None else time.time_ns())
+        _events(out, results, limit, now_ns if now_ns is not None else time.time_ns())
+    if out:
+        span.MergeFromString(b"".join(out))  # appends to attributes and events
 
 
 def make_carrier_span(
