@@ -843,25 +843,31 @@ async def _eval_pool_rate(n: int, processes: int) -> dict[str, Any]:
 
 
 def _transfer_cost(n: int) -> dict[str, float]:
-    """What shipping a case to a worker and its results back costs per case in
-    packing and pickling, on each side (the rest is a socket write and read per batch)."""
+    """What shipping a case to a worker and its results back costs per case in the
+    collector process and in the worker (packing, pickling, and what the worker does
+    for the collector: per-document verdicts and the results encoded for the span),
+    measured alone; the rest is a socket write and read per batch."""
     import pickle
 
     from ragtrace_collector.case_builder import build_cases
+    from ragtrace_collector.enrichment import EnrichmentConfig, case_extra, encode_result
     from ragtrace_collector.evalpool import (  # the pool's wire format, measured alone
+        CaseWork,
         _pack_payload,
         _pack_result,
+        _pack_work,
         _unpack_case,
         _unpack_result,
     )
     from ragtrace_collector.judges.offline import OfflineJudge
     from ragtrace_collector.metrics import OFFLINE_METRICS, build_metrics
 
-    cases = [
-        c.case for t in _eval_traces(n, seed=22) for c in build_cases([s for s, _ in t.spans()])
-    ]
+    built = [c for t in _eval_traces(n, seed=22) for c in build_cases([s for s, _ in t.spans()])]
+    cases = [b.case for b in built]
     judge = OfflineJudge()
     metrics = [m for m in build_metrics(OFFLINE_METRICS) if m.kind == "case"]
+    config = EnrichmentConfig()
+    positions = {name: i for i, name in enumerate(sorted(OFFLINE_METRICS))}
 
     async def score() -> list[list[tuple[int, Any]]]:
         return [[(i, await m.measure(c, judge)) for i, m in enumerate(metrics)] for c in cases]
@@ -871,21 +877,51 @@ def _transfer_cost(n: int) -> dict[str, float]:
     indices = list(range(len(metrics)))
     # The pool's own transfer format: what its slots and workers do per case.
     t0 = time.perf_counter()
-    out = pickle.dumps([("case", _pack_payload("case", c), indices) for c in cases], proto)
+    out = pickle.dumps(
+        [
+            (
+                "case",
+                (
+                    _pack_payload("case", b.case),
+                    _pack_work(CaseWork(b.document_sources, config, positions)),
+                ),
+                indices,
+            )
+            for b in built
+        ],
+        proto,
+    )
     t1 = time.perf_counter()
-    for _, packed, _ in pickle.loads(out):
+    for _, (packed, _work), _ in pickle.loads(out):
         _unpack_case(packed)
     t2 = time.perf_counter()
-    back = pickle.dumps([([_pack_result(i, r) for i, r in rs], []) for rs in results], proto)
+    annexes = []
+    for b, rs in zip(built, results, strict=True):
+        row = []
+        for _, r in rs:
+            extra = case_extra(r, b.case, b.document_sources)
+            row.append((r.metric, extra, encode_result(r, positions[r.metric], extra, config, 0)))
+        annexes.append(row)
     t3 = time.perf_counter()
-    for packed_results, _ in pickle.loads(back):
+    back = pickle.dumps(
+        [
+            ([_pack_result(i, r) for i, r in rs], [], a)
+            for rs, a in zip(results, annexes, strict=True)
+        ],
+        proto,
+    )
+    t4 = time.perf_counter()
+    for packed_results, _, _ in pickle.loads(back):
         for packed_result in packed_results:
             _unpack_result(packed_result)
-    t4 = time.perf_counter()
+    t5 = time.perf_counter()
     return {
-        "collector_us_per_case": ((t1 - t0) + (t4 - t3)) / n * 1e6,
-        "worker_us_per_case": ((t2 - t1) + (t3 - t2)) / n * 1e6,
+        "collector_us_per_case": ((t1 - t0) + (t5 - t4)) / n * 1e6,
+        "worker_us_per_case": ((t2 - t1) + (t4 - t3)) / n * 1e6,
+        "worker_encode_us_per_case": (t3 - t2) / n * 1e6,
         "kb_per_case": (len(out) + len(back)) / n / 1024,
+        "bytes_out_per_case": len(out) / n,
+        "bytes_in_per_case": len(back) / n,
     }
 
 

@@ -25,6 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragtrace import semconv
 from ragtrace_collector import protowire
+from ragtrace_collector.case_builder import DocumentSource
+from ragtrace_collector.cases import RAGCase
+from ragtrace_collector.document_verdicts import document_verdicts, encode_verdicts
 from ragtrace_collector.results import MetricResult
 from ragtrace_collector.spanattrs import set_attribute
 
@@ -33,6 +36,8 @@ __all__ = [
     "EnrichmentConfig",
     "EvalSummary",
     "annotator_kind",
+    "case_extra",
+    "encode_result",
     "enrich_span",
     "make_carrier_span",
 ]
@@ -72,6 +77,23 @@ class EvalSummary:
     #: metric -> {field: value}: extra flat keys such as ``conversation_score``
     #: or contextual_precision's ``reference``.
     extra: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+def case_extra(
+    result: MetricResult, case: RAGCase, sources: Sequence[DocumentSource] | None
+) -> dict[str, Any]:
+    """Extra flat keys of a case metric's result: contextual_precision's reference, and
+    the per-document verdicts (document annotations in Phoenix); ``sources`` are the
+    case's documents in rank order (:attr:`BuiltCase.document_sources`)."""
+    extra: dict[str, Any] = {}
+    if result.metric == "contextual_precision":
+        used = result.details.get("reference")
+        if isinstance(used, str):
+            extra[semconv.EVAL_FIELD_REFERENCE] = used
+    verdicts = document_verdicts(result, case, sources or [])
+    if verdicts:
+        extra[semconv.EVAL_FIELD_DOCUMENTS] = encode_verdicts(verdicts)
+    return extra
 
 
 def annotator_kind(judge: str, *, heuristic: bool = False) -> str:
@@ -114,7 +136,7 @@ def _write(
     out: list[bytes], attributes: Any, items: Sequence[tuple[str, Any]], existing: set[str]
 ) -> None:
     """Encode ``items`` as span attribute entries into ``out`` (merged into the span in
-    one call, :mod:`ragtrace_collector.protowire`); the rare key already on the span is
+    one call, :mod:`ragtrace_collector.protowire`); a key already on the span is
     replaced in place instead."""
     attribute = protowire.attribute
     tag = protowire.SPAN_ATTRIBUTE
@@ -125,9 +147,7 @@ def _write(
             out.append(attribute(tag, key, value))
 
 
-def _flat_items(
-    results: Sequence[MetricResult], summary: EvalSummary, limit: int
-) -> list[tuple[str, Any]]:
+def _summary_items(summary: EvalSummary) -> list[tuple[str, Any]]:
     items: list[tuple[str, Any]] = [
         (semconv.EVAL_MODEL, summary.model),
         (semconv.EVAL_SAMPLE_RATE, float(summary.sample_rate)),
@@ -135,25 +155,28 @@ def _flat_items(
     ]
     if summary.cost_usd is not None:
         items.append((semconv.EVAL_COST_USD, float(summary.cost_usd)))
-    for r in results:
-        m = r.metric
-        k_threshold, k_reason, k_score, k_passed, k_error, k_skipped, k_judge = _flat_keys(m)
-        items.append((k_threshold, float(r.threshold)))
-        items.append((k_judge, r.judge))
-        if r.reason:
-            items.append((k_reason, _truncate(r.reason, limit)))
-        if r.score is not None:
-            items.append((k_score, float(r.score)))
-            items.append((k_passed, bool(r.passed)))
-        if r.error is not None:
-            items.append((k_error, _truncate(r.error, limit)))
-        elif r.skipped:
-            items.append((k_skipped, True))
-        extra = summary.extra.get(m)
-        if extra:
-            for fld, value in extra.items():
-                if value is not None:
-                    items.append((semconv.eval_attr(m, fld), value))
+    return items
+
+
+def _flat_items(
+    r: MetricResult, extra: Mapping[str, Any] | None, limit: int
+) -> list[tuple[str, Any]]:
+    m = r.metric
+    k_threshold, k_reason, k_score, k_passed, k_error, k_skipped, k_judge = _flat_keys(m)
+    items: list[tuple[str, Any]] = [(k_threshold, float(r.threshold)), (k_judge, r.judge)]
+    if r.reason:
+        items.append((k_reason, _truncate(r.reason, limit)))
+    if r.score is not None:
+        items.append((k_score, float(r.score)))
+        items.append((k_passed, bool(r.passed)))
+    if r.error is not None:
+        items.append((k_error, _truncate(r.error, limit)))
+    elif r.skipped:
+        items.append((k_skipped, True))
+    if extra:
+        for fld, value in extra.items():
+            if value is not None:
+                items.append((semconv.eval_attr(m, fld), value))
     return items
 
 
@@ -169,44 +192,69 @@ def _explanation(r: MetricResult, limit: int) -> str:
     return _truncate(r.reason, limit)
 
 
-def _openinference_items(
-    span_keys: set[str], results: Sequence[MetricResult], limit: int
-) -> list[tuple[str, Any]]:
-    # Continue numbering after evaluations already on the span (a second pass, or
-    # another evaluator upstream).
+def _next_evaluation(span_keys: set[str]) -> int:
+    """The first free ``evaluations.N`` index: numbering continues after evaluations
+    already on the span (a second pass, or another evaluator upstream)."""
     lead = semconv.EVALUATIONS + "."
     taken = {
         int(key.split(".", 2)[1])
         for key in span_keys
         if key.startswith(lead) and key.split(".", 2)[1].isdigit()
     }
-    start = max(taken) + 1 if taken else 0
-    items: list[tuple[str, Any]] = []
-    for offset, r in enumerate(results):
-        k_name, k_score, k_label, k_explanation, k_kind = _evaluation_keys(start + offset)
-        items.append((k_name, r.metric))
-        if r.score is not None:
-            items.append((k_score, float(r.score)))
-        label = _label(r) or ("error" if r.error is not None else "skipped")
-        items.append((k_label, label))
-        items.append((k_explanation, _explanation(r, limit)))
-        kind = annotator_kind(r.judge, heuristic=r.heuristic)
-        items.append((k_kind, kind))
+    return max(taken) + 1 if taken else 0
+
+
+def _openinference_items(r: MetricResult, index: int, limit: int) -> list[tuple[str, Any]]:
+    k_name, k_score, k_label, k_explanation, k_kind = _evaluation_keys(index)
+    items: list[tuple[str, Any]] = [(k_name, r.metric)]
+    if r.score is not None:
+        items.append((k_score, float(r.score)))
+    label = _label(r) or ("error" if r.error is not None else "skipped")
+    items.append((k_label, label))
+    items.append((k_explanation, _explanation(r, limit)))
+    items.append((k_kind, annotator_kind(r.judge, heuristic=r.heuristic)))
     return items
 
 
-def _events(out: list[bytes], results: Sequence[MetricResult], limit: int, now_ns: int) -> None:
-    for r in results:
-        values: list[tuple[str, Any]] = [(semconv.GEN_AI_EVALUATION_NAME, r.metric)]
-        if r.score is not None:
-            values.append((semconv.GEN_AI_EVALUATION_SCORE_VALUE, float(r.score)))
-        label = _label(r)
-        if label is not None:
-            values.append((semconv.GEN_AI_EVALUATION_SCORE_LABEL, label))
-        values.append((semconv.GEN_AI_EVALUATION_EXPLANATION, _explanation(r, limit)))
-        if r.error is not None:
-            values.append((semconv.ERROR_TYPE, r.error.split(":", 1)[0]))
-        out.append(protowire.event(now_ns, semconv.GEN_AI_EVALUATION_RESULT_EVENT, values))
+def _event(r: MetricResult, limit: int, now_ns: int) -> bytes:
+    values: list[tuple[str, Any]] = [(semconv.GEN_AI_EVALUATION_NAME, r.metric)]
+    if r.score is not None:
+        values.append((semconv.GEN_AI_EVALUATION_SCORE_VALUE, float(r.score)))
+    label = _label(r)
+    if label is not None:
+        values.append((semconv.GEN_AI_EVALUATION_SCORE_LABEL, label))
+    values.append((semconv.GEN_AI_EVALUATION_EXPLANATION, _explanation(r, limit)))
+    if r.error is not None:
+        values.append((semconv.ERROR_TYPE, r.error.split(":", 1)[0]))
+    return protowire.event(now_ns, semconv.GEN_AI_EVALUATION_RESULT_EVENT, values)
+
+
+def encode_result(
+    r: MetricResult,
+    index: int,
+    extra: Mapping[str, Any] | None,
+    config: EnrichmentConfig,
+    now_ns: int,
+) -> bytes:
+    """The wire bytes (span attribute and event entries) that :func:`enrich_span` merges
+    into a span for one result that is OpenInference evaluation number ``index``:
+    encoded once, wherever the result was computed (the evaluation workers encode their
+    results, so that the collector process only concatenates them)."""
+    limit = config.max_reason_chars
+    attribute = protowire.attribute
+    tag = protowire.SPAN_ATTRIBUTE
+    out: list[bytes] = []
+    if config.flat:
+        out.extend(attribute(tag, k, v) for k, v in _flat_items(r, extra, limit))
+    if config.openinference:
+        out.extend(attribute(tag, k, v) for k, v in _openinference_items(r, index, limit))
+    if config.events:
+        out.append(_event(r, limit, now_ns))
+    return b"".join(out)
+
+
+#: Encoded results by (metric, OpenInference evaluation index): see :func:`enrich_span`.
+Encoded = Mapping[tuple[str, int], bytes]
 
 
 def enrich_span(
@@ -216,20 +264,50 @@ def enrich_span(
     config: EnrichmentConfig,
     *,
     now_ns: int | None = None,
+    encoded: Encoded | None = None,
 ) -> None:
-    """Write ``results`` onto ``span`` in the enabled forms (in place)."""
+    """Write ``results`` onto ``span`` in the enabled forms (in place).
+
+    ``encoded`` holds results already encoded by :func:`encode_result` with the same
+    ``config`` and the same extra keys, by (metric, evaluation index); a result is used
+    from there when its index is the one it gets on this span, and encoded here
+    otherwise."""
     limit = config.max_reason_chars
+    now = now_ns if now_ns is not None else time.time_ns()
     attributes = span.attributes
     existing = {kv.key for kv in attributes} if (config.flat or config.openinference) else set()
+    start = _next_evaluation(existing) if config.openinference else 0
     out: list[bytes] = []
     if config.flat:
-        _write(out, attributes, _flat_items(results, summary, limit), existing)
-    if config.openinference:
-        _write(out, attributes, _openinference_items(existing, results, limit), existing)
-    if config.events:
-        _events(out, results, limit, now_ns if now_ns is not None else time.time_ns())
+        _write(out, attributes, _summary_items(summary), existing)
+    if config.flat and any(k.startswith(_EVAL_LEAD) and k not in _SPAN_KEYS for k in existing):
+        # A second pass: this span already has flat results, which are replaced in place.
+        for r in results:
+            _write(out, attributes, _flat_items(r, summary.extra.get(r.metric), limit), existing)
+        flat_done = config.model_copy(update={"flat": False})
+        for offset, r in enumerate(results):
+            out.append(encode_result(r, start + offset, None, flat_done, now))
+    else:
+        for offset, r in enumerate(results):
+            blob = encoded.get((r.metric, start + offset)) if encoded else None
+            if blob is None:
+                blob = encode_result(r, start + offset, summary.extra.get(r.metric), config, now)
+            out.append(blob)
     if out:
         span.MergeFromString(b"".join(out))  # appends to attributes and events
+
+
+_EVAL_LEAD = semconv.EVAL_PREFIX + "."
+#: ``ragtrace.eval.*`` keys that are not a metric's (the sampling decision, the summary).
+_SPAN_KEYS = frozenset(
+    {
+        semconv.EVAL_SAMPLE_RATE,
+        semconv.EVAL_SAMPLED,
+        semconv.EVAL_MODEL,
+        semconv.EVAL_LATENCY_MS,
+        semconv.EVAL_COST_USD,
+    }
+)
 
 
 def make_carrier_span(
