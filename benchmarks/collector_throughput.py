@@ -825,8 +825,13 @@ async def _eval_pool_rate(n: int, processes: int) -> dict[str, Any]:
     # Warm-up: every worker started and has scored a batch.
     await _run_through(evaluator, _eval_traces(64 * max(1, processes), seed=20))
     traces = _eval_traces(n, seed=21)
-    wall, cpu = await _run_through(evaluator, traces)
     pool = evaluator.pool
+    pids = pool.pids if pool is not None else []
+    workers_cpu0 = sum(_proc_cpu(pid) for pid in pids)
+    if pool is not None:
+        pool.stats = type(pool.stats)()  # this run's batches only, not the warm-up's
+    wall, cpu = await _run_through(evaluator, traces)
+    workers_cpu = sum(_proc_cpu(pid) for pid in pids) - workers_cpu0
     stats = pool.stats if pool is not None else None
     await evaluator.drain()
     scores = sorted((k, v) for k, v in _rag_attrs(traces[-1]).items() if k.endswith(".score"))
@@ -835,11 +840,19 @@ async def _eval_pool_rate(n: int, processes: int) -> dict[str, Any]:
         "cases": n,
         "cases_per_s": n / wall,
         "main_cpu_ms_per_case": cpu / n * 1e3,
+        "workers_cpu_ms_per_case": workers_cpu / n * 1e3,
         "kb_out_per_case": stats.bytes_out / stats.items / 1024 if stats else 0.0,
         "kb_in_per_case": stats.bytes_in / stats.items / 1024 if stats else 0.0,
         "cases_per_batch": stats.items / stats.batches if stats else 0.0,
         "scores": scores,
     }
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _transfer_cost(n: int) -> dict[str, float]:

@@ -216,7 +216,7 @@ def _openinference_items(r: MetricResult, index: int, limit: int) -> list[tuple[
     return items
 
 
-def _event(r: MetricResult, limit: int, now_ns: int) -> bytes:
+def _event(r: MetricResult, limit: int) -> tuple[bytes, bytes]:
     values: list[tuple[str, Any]] = [(semconv.GEN_AI_EVALUATION_NAME, r.metric)]
     if r.score is not None:
         values.append((semconv.GEN_AI_EVALUATION_SCORE_VALUE, float(r.score)))
@@ -226,7 +226,7 @@ def _event(r: MetricResult, limit: int, now_ns: int) -> bytes:
     values.append((semconv.GEN_AI_EVALUATION_EXPLANATION, _explanation(r, limit)))
     if r.error is not None:
         values.append((semconv.ERROR_TYPE, r.error.split(":", 1)[0]))
-    return protowire.event(now_ns, semconv.GEN_AI_EVALUATION_RESULT_EVENT, values)
+    return protowire.event_parts(semconv.GEN_AI_EVALUATION_RESULT_EVENT, values)
 
 
 def encode_result(
@@ -240,6 +240,32 @@ def encode_result(
     into a span for one result that is OpenInference evaluation number ``index``:
     encoded once, wherever the result was computed (the evaluation workers encode their
     results, so that the collector process only concatenates them)."""
+    if r.skipped and r.score is None and r.error is None and not extra:
+        # Skipped results repeat from case to case (same metric, same reason): encoded
+        # once, only the event time differs.
+        key = (r.metric, r.reason, r.threshold, r.judge, r.heuristic, index, _flags(config))
+        parts = _SKIPPED.get(key)
+        if parts is None:
+            if len(_SKIPPED) >= 1024:
+                _SKIPPED.clear()
+            parts = _SKIPPED[key] = _encode_parts(r, index, extra, config)
+        attrs, head, tail = parts
+        return attrs + head + protowire.fixed64(now_ns) + tail if head else attrs
+    attrs, head, tail = _encode_parts(r, index, extra, config)
+    return attrs + head + protowire.fixed64(now_ns) + tail if head else attrs
+
+
+_SKIPPED: dict[tuple[Any, ...], tuple[bytes, bytes, bytes]] = {}
+
+
+def _flags(config: EnrichmentConfig) -> tuple[bool, bool, bool, int]:
+    return (config.flat, config.openinference, config.events, config.max_reason_chars)
+
+
+def _encode_parts(
+    r: MetricResult, index: int, extra: Mapping[str, Any] | None, config: EnrichmentConfig
+) -> tuple[bytes, bytes, bytes]:
+    """A result's attribute entries, and its event's head and tail (empty without events)."""
     limit = config.max_reason_chars
     attribute = protowire.attribute
     tag = protowire.SPAN_ATTRIBUTE
@@ -248,9 +274,10 @@ def encode_result(
         out.extend(attribute(tag, k, v) for k, v in _flat_items(r, extra, limit))
     if config.openinference:
         out.extend(attribute(tag, k, v) for k, v in _openinference_items(r, index, limit))
+    head = tail = b""
     if config.events:
-        out.append(_event(r, limit, now_ns))
-    return b"".join(out)
+        head, tail = _event(r, limit)
+    return b"".join(out), head, tail
 
 
 #: Encoded results by (metric, OpenInference evaluation index): see :func:`enrich_span`.

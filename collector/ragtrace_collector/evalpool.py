@@ -86,6 +86,8 @@ class PoolStats:
     replaced: int = 0
     timeouts: int = 0
     lost: int = 0
+    #: Results that came back encoded for the span (see :class:`CaseWork`).
+    encoded: int = 0
 
 
 #: What a worker adds to a case metric's result: (extra flat keys, the result encoded
@@ -402,6 +404,7 @@ class EvaluationPool(Component):
             if item.annex is not None:
                 for name, extra, blob in annexes:
                     item.annex[name] = (extra, blob)
+                    self.stats.encoded += blob is not None
             self._judge_calls(calls)
             self._finish(item)
 

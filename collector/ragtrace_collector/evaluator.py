@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ragtrace import semconv
+from ragtrace_collector import protowire
 from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
 from ragtrace_collector.case_bounds import case_chars, check_case
 from ragtrace_collector.case_builder import BuiltCase, CaseRules, build_cases, may_hold_case
@@ -76,7 +77,7 @@ from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.logs import get_logger, redact
 from ragtrace_collector.metrics import NOTHING_RETRIEVED_YET, ConversationMetric, Metric
 from ragtrace_collector.otlp import Span, SpanGroup
-from ragtrace_collector.results import MetricResult
+from ragtrace_collector.results import MetricResult, trusted
 from ragtrace_collector.sampling import Sampler, SamplingDecision, trace_attribute_lookup
 from ragtrace_collector.session_store import (
     SessionStore,
@@ -326,8 +327,18 @@ class OnlineEvaluator(Component):
             return
         decision = self._sample(trace, cases, groups_of)
         decision_attrs = decision.attributes().items()
+        encoded: bytes | None = None
         for built in cases:
-            set_attributes(built.span.attributes, decision_attrs)
+            if built.attributes.keys().isdisjoint(decision.attributes()):
+                # The usual case: new keys, appended as wire bytes in one call.
+                if encoded is None:
+                    encoded = b"".join(
+                        protowire.attribute(protowire.SPAN_ATTRIBUTE, k, v)
+                        for k, v in decision_attrs
+                    )
+                built.span.MergeFromString(encoded)
+            else:
+                set_attributes(built.span.attributes, decision_attrs)
         if not decision.sampled:
             if decision.outcome == "budget":
                 self._telemetry.eval_skipped.labels("budget").inc()
@@ -640,7 +651,8 @@ class OnlineEvaluator(Component):
                 judge=self.judge.model,
                 heuristic=self.judge.heuristic,
             )
-        return made.model_copy()  # validated once per (metric, reason); each case its own
+        # Validated once per (metric, reason); each case gets its own copy.
+        return trusted(MetricResult, dict(made.__dict__))
 
     async def _run_case_metric(self, metric: Metric, built: BuiltCase) -> list[MetricResult]:
         try:

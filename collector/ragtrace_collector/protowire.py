@@ -29,6 +29,8 @@ __all__ = [
     "SPAN_EVENT",
     "attribute",
     "event",
+    "event_parts",
+    "fixed64",
     "key_value",
     "length_delimited",
     "string_field",
@@ -132,8 +134,19 @@ def attribute(tag: int, key: str, value: Any) -> bytes:
 
 def event(time_unix_nano: int, name: str, attributes: list[tuple[str, Any]]) -> bytes:
     """One ``Span.events`` entry."""
-    body = [b"\x09", _FIXED64(time_unix_nano), string_field(0x12, name)]
+    head, tail = event_parts(name, attributes)
+    return head + _FIXED64(time_unix_nano) + tail
+
+
+def event_parts(name: str, attributes: list[tuple[str, Any]]) -> tuple[bytes, bytes]:
+    """A ``Span.events`` entry without its time: ``head + time (8 bytes LE) + tail``
+    (the time is a fixed64, so the length is known without it)."""
+    rest = [string_field(0x12, name)]
     for key, value in attributes:
-        body.append(attribute(EVENT_ATTRIBUTE, key, value))
-    data = b"".join(body)
-    return _SMALL[SPAN_EVENT] + varint(len(data)) + data
+        rest.append(attribute(EVENT_ATTRIBUTE, key, value))
+    tail = b"".join(rest)
+    return _SMALL[SPAN_EVENT] + varint(9 + len(tail)) + b"\x09", tail
+
+
+def fixed64(n: int) -> bytes:
+    return _FIXED64(n)
