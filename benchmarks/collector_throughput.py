@@ -953,27 +953,9 @@ def _transfer_cost(n: int) -> dict[str, float]:
 
 
 def _eval_runs(args: argparse.Namespace) -> dict[str, Any]:
-    core, _ = _cpus()
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, core)  # the collector's core, as in the runs above
     out: dict[str, Any] = {}
-    try:
-        if args.only == "pool":
-            return out
-        out["non_rag"] = asyncio.run(_non_rag(args.non_rag_traces))
-        if args.only == "nonrag":
-            return out
-        out["overhead"] = asyncio.run(_eval_overhead(args.eval_cases, args.eval_rounds))
-        if args.only != "orchestration":
-            out["latency_default"] = asyncio.run(
-                _eval_with_latency(args.llm_cases, args.judge_latency, None)
-            )
-            # 4x the concurrency, 2x the cases: long enough to leave the ramp-up behind.
-            out["latency_concurrency_32"] = asyncio.run(
-                _eval_with_latency(2 * args.llm_cases, args.judge_latency, 32)
-            )
-    finally:
-        os.sched_setaffinity(0, before)
+    if args.only != "pool":
+        _eval_parts_on_one_core(args, out)
     if args.only in ("orchestration", "nonrag"):
         return out
     # Evaluation on every core: the worker pool, on all the cores this process has.
@@ -987,6 +969,27 @@ def _eval_runs(args: argparse.Namespace) -> dict[str, Any]:
     out["pool"] = [best[p] for p in (0, 1, 2)]
     out["transfer"] = _transfer_cost(500)
     return out
+
+
+def _eval_parts_on_one_core(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    core, _ = _cpus()
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, core)  # the collector's core, as in the runs above
+    try:
+        out["non_rag"] = asyncio.run(_non_rag(args.non_rag_traces))
+        if args.only == "nonrag":
+            return
+        out["overhead"] = asyncio.run(_eval_overhead(args.eval_cases, args.eval_rounds))
+        if args.only != "orchestration":
+            out["latency_default"] = asyncio.run(
+                _eval_with_latency(args.llm_cases, args.judge_latency, None)
+            )
+            # 4x the concurrency, 2x the cases: long enough to leave the ramp-up behind.
+            out["latency_concurrency_32"] = asyncio.run(
+                _eval_with_latency(2 * args.llm_cases, args.judge_latency, 32)
+            )
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _report_non_rag(r: dict[str, Any]) -> None:

@@ -656,8 +656,16 @@ def _worker_main(
 
     configs: dict[tuple[Any, ...], EnrichmentConfig] = {}
 
-    def annex(case: RAGCase, result: MetricResult, work: _Packed) -> _Packed:
-        """(metric, extra keys, encoded result or None): see :class:`CaseWork`."""
+    def annex(case: RAGCase, result: MetricResult, work: _Packed) -> _Packed | None:
+        """(metric, extra keys, encoded result or None): see :class:`CaseWork`.  None
+        when that fails (spans are untrusted): the collector then makes them itself,
+        and reports the failure, as it does without a pool."""
+        try:
+            return _annex(case, result, work)
+        except Exception:
+            return None
+
+    def _annex(case: RAGCase, result: MetricResult, work: _Packed) -> _Packed:
         sources, flags, positions = work
         extra = case_extra(
             result, case, None if sources is None else [DocumentSource(*s) for s in sources]
@@ -697,8 +705,9 @@ def _worker_main(
             else:
                 result = await metric.measure(case, judge)
             out.append(_pack_result(index, result))
-            if work is not None:
-                annexes.append(annex(case, result, work))
+            made = annex(case, result, work) if work is not None else None
+            if made is not None:
+                annexes.append(made)
         return out, annexes
 
     while True:

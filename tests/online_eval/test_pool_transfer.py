@@ -115,3 +115,43 @@ def test_wire_encoding_equals_the_protobuf_api() -> None:
     assert span.events[0].time_unix_nano == 42
     assert span.events[0].name == "ev"
     assert attributes_to_dict(span.events[0].attributes) == {"a": 1.5, "b": "x"}
+
+
+async def test_a_malformed_span_does_not_cost_a_worker() -> None:
+    """A retriever span id of the wrong length makes the per-document verdicts fail:
+    in the worker that must not kill the process; the trace goes on as without a pool."""
+    import random
+
+    from opentelemetry.proto.common.v1 import common_pb2 as common
+
+    from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
+    from ragtrace_collector.otlp import SpanGroup
+
+    rng = random.Random(5)
+    good = _rag_trace(rng)
+    bad = _rag_trace(rng)
+    rag, retriever = bad.groups[0].spans[:2]
+    retriever.span_id = b"\x01\x02\x03"  # 3 bytes: not a valid OTLP span id
+    spans = [rag, retriever]
+    bad = AssembledTrace(
+        bad.trace_id,
+        [SpanGroup(bad.groups[0].resource, "", common.InstrumentationScope(), "", spans)],
+        ReleaseReason.READY,
+        0.0,
+        0.0,
+        True,
+    )
+    ev = _evaluator(1)
+    ev.start()
+    fwd = _Forwarded()
+    try:
+        ev.submit(bad, fwd)
+        ev.submit(good, fwd)
+        await fwd.wait_for(2, limit=60)
+        assert ev.pool is not None
+        assert ev.pool.stats.replaced == 0, "a worker was lost over a malformed span"
+        assert ev.pool.stats.encoded > 0
+    finally:
+        await ev.drain()
+    good_attrs = attributes_to_dict(good.groups[0].spans[0].attributes)
+    assert good_attrs.get("ragtrace.eval.id_context_precision.documents")
