@@ -17,8 +17,14 @@ Design
 * **Slots.** One supervised task per worker ("slot") takes a *batch* of queued
   items (up to ``batch_size``, whatever is waiting: one under light load), sends it
   in one frame and reads the results in one frame, so the round trip is paid once per
-  batch.  An item is one case with the indices of its pooled metrics, or one
-  conversation window with its metric's index.
+  batch.  An item is one case (plain tuples, not pydantic models) with the indices of
+  its pooled metrics, or one conversation window with its metric's index.
+* **Less work for the collector.** For a case, the worker also makes what the
+  collector would otherwise make from each result (:class:`CaseWork`): the
+  per-document verdicts, and the result encoded as span attribute and event entries
+  (:func:`~ragtrace_collector.enrichment.encode_result`), which the collector appends
+  to the span as they are.  The collector's share of a pooled case is then building
+  it, sampling, and appending bytes: what lets evaluation scale with processes.
 * **Budgets.** A worker writes which item and metric it is running, and since when,
   into a small shared-memory array.  While a batch is out, its slot checks that array
   every ``tick``: a metric running for more than ``metric_timeout`` gets its worker

@@ -26,9 +26,11 @@ Where the work runs (the event loop does only I/O):
   reason on the span;
 * the CPU-bound metrics (no judge, or the offline judge) run in the worker processes
   of :class:`~ragtrace_collector.evalpool.EvaluationPool`, all of a case's in one
-  item, bounded by ``metric_timeout`` there; a small case whose metrics need no judge
-  is scored right here (cheaper than shipping it), as is everything when there is no
-  pool (``evaluation.processes: 0``);
+  item, bounded by ``metric_timeout`` there; the worker also makes the per-document
+  verdicts and encodes each result for the span, so that this process only appends
+  bytes.  A small case whose metrics all need no judge is scored right here (cheaper
+  than shipping it), as is everything when there is no pool
+  (``evaluation.processes: 0``);
 * LLM-judge metrics wait on litellm on the loop, one task per metric under
   ``metric_timeout``;
 * a trace of more than ``_THREAD_BUILD_SPANS`` spans is turned into cases in a thread.
