@@ -5,6 +5,7 @@ where they fit."""
 from __future__ import annotations
 
 import os
+import random
 from typing import Any
 
 from opentelemetry.proto.common.v1 import common_pb2
@@ -12,7 +13,10 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ragtrace import semconv
 from ragtrace_collector import protowire
+from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
 from ragtrace_collector.enrichment import EnrichmentConfig, EvalSummary, encode_result, enrich_span
+from ragtrace_collector.evalpool import PoolStats
+from ragtrace_collector.otlp import SpanGroup
 from ragtrace_collector.results import MetricResult
 from ragtrace_collector.spanattrs import attributes_to_dict, set_attribute
 
@@ -29,28 +33,29 @@ def _span_results(span: trace_pb2.Span) -> dict[str, Any]:
     return {"attributes": attrs, "events": events}
 
 
-async def _spans(processes: int) -> tuple[list[dict[str, Any]], int]:
-    import random
-
-    rng = random.Random(11)
-    traces = [_rag_trace(rng) for _ in range(5)]
+async def _through(processes: int, traces: list[AssembledTrace]) -> PoolStats | None:
+    """Evaluate ``traces`` (all forwarded); the pool's counters, None without a pool."""
+    fwd = _Forwarded()
     ev = _evaluator(processes)
     ev.start()
-    fwd = _Forwarded()
     try:
         for trace in traces:
             ev.submit(trace, fwd)
         await fwd.wait_for(len(traces), limit=60)
-        encoded = ev.pool.stats.encoded if ev.pool is not None else 0
+        return None if ev.pool is None else ev.pool.stats
     finally:
         await ev.drain()
+
+
+async def _spans(processes: int) -> tuple[list[dict[str, Any]], int]:
+    traces = [_rag_trace(random.Random(11 + i)) for i in range(5)]
+    stats = await _through(processes, traces)
     out = []
     for trace in traces:
-        rag = trace.groups[0].spans[0]
-        result = _span_results(rag)
+        result = _span_results(trace.groups[0].spans[0])
         (result["attributes"],) = _without_span_ids([result["attributes"]])
         out.append(result)
-    return out, encoded
+    return out, stats.encoded if stats is not None else 0
 
 
 async def test_results_encoded_in_a_worker_equal_those_encoded_here() -> None:
@@ -120,13 +125,6 @@ def test_wire_encoding_equals_the_protobuf_api() -> None:
 async def test_a_malformed_span_does_not_cost_a_worker() -> None:
     """A retriever span id of the wrong length makes the per-document verdicts fail:
     in the worker that must not kill the process; the trace goes on as without a pool."""
-    import random
-
-    from opentelemetry.proto.common.v1 import common_pb2 as common
-
-    from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
-    from ragtrace_collector.otlp import SpanGroup
-
     rng = random.Random(5)
     good = _rag_trace(rng)
     bad = _rag_trace(rng)
@@ -135,23 +133,15 @@ async def test_a_malformed_span_does_not_cost_a_worker() -> None:
     spans = [rag, retriever]
     bad = AssembledTrace(
         bad.trace_id,
-        [SpanGroup(bad.groups[0].resource, "", common.InstrumentationScope(), "", spans)],
+        [SpanGroup(bad.groups[0].resource, "", common_pb2.InstrumentationScope(), "", spans)],
         ReleaseReason.READY,
         0.0,
         0.0,
         True,
     )
-    ev = _evaluator(1)
-    ev.start()
-    fwd = _Forwarded()
-    try:
-        ev.submit(bad, fwd)
-        ev.submit(good, fwd)
-        await fwd.wait_for(2, limit=60)
-        assert ev.pool is not None
-        assert ev.pool.stats.replaced == 0, "a worker was lost over a malformed span"
-        assert ev.pool.stats.encoded > 0
-    finally:
-        await ev.drain()
+    stats = await _through(1, [bad, good])
+    assert stats is not None
+    assert stats.replaced == 0, "a worker was lost over a malformed span"
+    assert stats.encoded > 0
     good_attrs = attributes_to_dict(good.groups[0].spans[0].attributes)
     assert good_attrs.get("ragtrace.eval.id_context_precision.documents")
