@@ -932,7 +932,7 @@ def _transfer_cost(n: int) -> dict[str, float]:
     t3 = time.perf_counter()
     back = pickle.dumps(
         [
-            ([_pack_result(i, r) for i, r in rs], [], a)
+            ([_pack_result(i, r, details=False) for i, r in rs], [], a)
             for rs, a in zip(results, annexes, strict=True)
         ],
         proto,

@@ -517,13 +517,24 @@ def _pack_work(work: CaseWork | None) -> _Packed | None:
     if work is None:
         return None
     config = work.enrichment
-    return (
-        None if work.sources is None else [tuple(s) for s in work.sources],
+    flags = (
         None
         if config is None
-        else (config.flat, config.openinference, config.events, config.max_reason_chars),
-        dict(work.indices),
+        else (config.flat, config.openinference, config.events, config.max_reason_chars)
     )
+    # The same objects for every case of an evaluator: pickled once per batch (the
+    # pickler's memo), not once per case.
+    key = (flags, id(work.indices))
+    shared = _SHARED.get(key)
+    if shared is None or shared[0] is not work.indices:
+        if len(_SHARED) > 64:
+            _SHARED.clear()
+        shared = _SHARED[key] = (work.indices, (flags, dict(work.indices)))
+    sources = None if work.sources is None else [tuple(s) for s in work.sources]
+    return (sources, *shared[1])
+
+
+_SHARED: dict[tuple[Any, int], tuple[Mapping[str, int], tuple[Any, dict[str, int]]]] = {}
 
 
 def _unpack_case(packed: _Packed) -> RAGCase:
@@ -563,8 +574,9 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def _pack_result(index: int, r: MetricResult) -> _Packed:
-    """A result as a tuple; of its details only plain data travels (see :func:`_plain`)."""
+def _pack_result(index: int, r: MetricResult, *, details: bool = True) -> _Packed:
+    """A result as a tuple; of its details only plain data travels (see :func:`_plain`),
+    and none without ``details``."""
     c = r.cost
     return (
         index,
@@ -576,7 +588,7 @@ def _pack_result(index: int, r: MetricResult) -> _Packed:
         r.passed,
         r.skipped,
         r.error,
-        {k: v for k, v in r.details.items() if _plain(v)},
+        {k: v for k, v in r.details.items() if _plain(v)} if details else {},
         (c.calls, c.cached_calls, c.prompt_tokens, c.completion_tokens, c.usd),
         r.judge,
         r.heuristic,
@@ -710,10 +722,12 @@ def _worker_main(
                 result = await metric.measure_window(case, -1, judge)
             else:
                 result = await metric.measure(case, judge)
-            out.append(_pack_result(index, result))
             made = annex(case, result, work) if work is not None else None
             if made is not None:
                 annexes.append(made)
+            # With its annex made here, the collector needs none of the details (what
+            # the verdicts are made from): they stay here.
+            out.append(_pack_result(index, result, details=made is None))
         return out, annexes
 
     while True:

@@ -611,8 +611,9 @@ class OnlineEvaluator(Component):
         pooled: list[Metric] = []
         if self._cpu_metrics:
             pool = self.pool
-            small = pool is None or case_chars(case) <= self.config.inline_max_chars
-            if pool is None or (small and not self._cpu_needs_pool):
+            if pool is None or (
+                not self._cpu_needs_pool and case_chars(case) <= self.config.inline_max_chars
+            ):
                 inline = self._cpu_metrics
             else:
                 inline, pooled = [], self._cpu_metrics
