@@ -873,7 +873,7 @@ def _transfer_cost(n: int) -> dict[str, float]:
     """What shipping a case to a worker and its results back costs per case in the
     collector process and in the worker (packing, pickling, and what the worker does
     for the collector: per-document verdicts and the results encoded for the span),
-    measured alone; the rest is a socket write and read per batch."""
+    measured alone, in CPU time; the rest is a socket write and read per batch."""
     import pickle
 
     from ragtrace_collector.case_builder import build_cases
@@ -903,7 +903,7 @@ def _transfer_cost(n: int) -> dict[str, float]:
     proto = pickle.HIGHEST_PROTOCOL
     indices = list(range(len(metrics)))
     # The pool's own transfer format: what its slots and workers do per case.
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     out = pickle.dumps(
         [
             (
@@ -918,10 +918,10 @@ def _transfer_cost(n: int) -> dict[str, float]:
         ],
         proto,
     )
-    t1 = time.perf_counter()
+    t1 = time.process_time()
     for _, (packed, _work), _ in pickle.loads(out):
         _unpack_case(packed)
-    t2 = time.perf_counter()
+    t2 = time.process_time()
     annexes = []
     for b, rs in zip(built, results, strict=True):
         row = []
@@ -929,7 +929,7 @@ def _transfer_cost(n: int) -> dict[str, float]:
             extra = case_extra(r, b.case, b.document_sources)
             row.append((r.metric, extra, encode_result(r, positions[r.metric], extra, config, 0)))
         annexes.append(row)
-    t3 = time.perf_counter()
+    t3 = time.process_time()
     back = pickle.dumps(
         [
             ([_pack_result(i, r, details=False) for i, r in rs], [], a)
@@ -937,11 +937,11 @@ def _transfer_cost(n: int) -> dict[str, float]:
         ],
         proto,
     )
-    t4 = time.perf_counter()
+    t4 = time.process_time()
     for packed_results, _, _ in pickle.loads(back):
         for packed_result in packed_results:
             _unpack_result(packed_result)
-    t5 = time.perf_counter()
+    t5 = time.process_time()
     return {
         "collector_us_per_case": ((t1 - t0) + (t5 - t4)) / n * 1e6,
         "worker_us_per_case": ((t2 - t1) + (t4 - t3)) / n * 1e6,
