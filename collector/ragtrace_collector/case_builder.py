@@ -55,10 +55,12 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ragtrace import semconv
-from ragtrace_collector.cases import ContextItem, RAGCase
+from ragtrace_collector.cases import ContextItem, RAGCase, id_text
 from ragtrace_collector.conventions import CONVENTIONS, Convention, Document, Role, by_name
 from ragtrace_collector.conventions.base import documents_from_attributes, json_value
 from ragtrace_collector.conventions.text import reduce_answer, reduce_question
+from ragtrace_collector.protowire import string_field, varint
+from ragtrace_collector.results import trusted
 from ragtrace_collector.sampling import AttrScalar
 from ragtrace_collector.spanattrs import attributes_to_dict
 
@@ -218,20 +220,6 @@ class CaseRules:
         return any(p.fullmatch(span.name) for p in self._name_patterns)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _string_field(tag: int, text: str) -> bytes:
-    data = text.encode()
-    return bytes([tag]) + _varint(len(data)) + data
-
-
 def _marker_patterns(
     markers: Mapping[str, frozenset[str] | None], events: frozenset[str]
 ) -> tuple[bytes, ...]:
@@ -240,14 +228,14 @@ def _marker_patterns(
     the key when any value marks; ``Span.Event`` field 2 (``name``) for the events."""
     patterns: list[bytes] = []
     for key, values in markers.items():
-        lead = _string_field(0x0A, key) + b"\x12"
+        lead = string_field(0x0A, key) + b"\x12"
         if values is None:
             patterns.append(lead)
             continue
         for value in sorted(values):
-            inner = _string_field(0x0A, value)
-            patterns.append(lead + _varint(len(inner)) + inner)
-    patterns.extend(_string_field(0x12, name) for name in sorted(events))
+            inner = string_field(0x0A, value)
+            patterns.append(lead + varint(len(inner)) + inner)
+    patterns.extend(string_field(0x12, name) for name in sorted(events))
     return tuple(patterns)
 
 
@@ -329,10 +317,13 @@ def build_cases(
     service_of: Callable[[trace_pb2.Span], str] | None = None,
     reference_lookup: Callable[[str], ReferenceLookup | None] | None = None,
     rules: CaseRules | None = None,
+    prefiltered: bool = False,
 ) -> list[BuiltCase]:
-    """One :class:`BuiltCase` per case span in ``spans`` (one trace's spans)."""
+    """One :class:`BuiltCase` per case span in ``spans`` (one trace's spans).
+    ``prefiltered``: the caller already found that they may hold a case
+    (:func:`may_hold_case`)."""
     rules = rules or DEFAULT_RULES
-    if not rules.may_hold_case(spans):
+    if not prefiltered and not rules.may_hold_case(spans):
         return []  # the common case for non-RAG traffic: no attribute decoding at all
     nodes: dict[bytes, _Node] = {}
     children: dict[bytes, list[_Node]] = defaultdict(list)
@@ -528,7 +519,7 @@ def _build_one(
             if expected_output is None and entry.expected_output is not None:
                 expected_output, filled = entry.expected_output, True
             if reference_contexts is None and entry.reference_contexts is not None:
-                reference_contexts, filled = list(entry.reference_contexts), True
+                reference_contexts, filled = [str(t) for t in entry.reference_contexts], True
             if reference_ids is None and entry.reference_context_ids is not None:
                 reference_ids, filled = [str(i) for i in entry.reference_context_ids], True
             if expected_outcome is None and entry.expected_outcome is not None:
@@ -546,8 +537,18 @@ def _build_one(
         # No document at all: an empty retrieval, which the ID metrics score as 0.
         retrieved_ids = ids if (ids or not docs) else None
         if all(d.content is not None for d in docs):
+            # Built without validation: every value already has the type ContextItem
+            # declares (read as such above), ids as the text they are compared by.
             retrieval_context = [
-                ContextItem(content=d.content or "", id=d.id, score=d.score, metadata=d.metadata)
+                trusted(
+                    ContextItem,
+                    {
+                        "content": d.content or "",
+                        "id": d.id if d.id is None or type(d.id) is str else id_text(d.id),
+                        "score": d.score,
+                        "metadata": d.metadata,
+                    },
+                )
                 for d in docs
             ]
 
@@ -561,15 +562,18 @@ def _build_one(
         turn_index = None
     trace_id = span.trace_id.hex()
     span_id = span.span_id.hex()
-    case = RAGCase(
-        input=user_input,
-        actual_output=actual_output,
-        expected_output=expected_output,
-        retrieval_context=retrieval_context,
-        reference_contexts=reference_contexts,
-        reference_context_ids=reference_ids,
-        retrieved_context_ids=retrieved_ids,
-        case_id=f"{trace_id}:{span_id}",
+    case = trusted(
+        RAGCase,
+        {
+            "input": user_input,
+            "actual_output": actual_output,
+            "expected_output": expected_output,
+            "retrieval_context": retrieval_context,
+            "reference_contexts": reference_contexts,
+            "reference_context_ids": reference_ids,
+            "retrieved_context_ids": retrieved_ids,
+            "case_id": f"{trace_id}:{span_id}",
+        },
     )
     return BuiltCase(
         span=span,

@@ -600,9 +600,10 @@ class EvaluationConfig(StrictModel):
     #: those metrics run in the collector process, on its event loop, where
     #: ``metric_timeout`` cannot interrupt them (for embedding and debugging only).
     processes: int | None = Field(None, ge=0, le=64)
-    #: The no-judge metrics (``id_*``, ``non_llm_*``) of a case whose texts total at
-    #: most this many characters run in the collector process: shipping them to a
-    #: worker would cost more than scoring them.  ``0``: they always go to the workers.
+    #: A case whose CPU metrics all need no judge (``id_*``, ``non_llm_*``) and whose
+    #: texts total at most this many characters is scored in the collector process:
+    #: shipping it to a worker would cost more than scoring it.  Otherwise all its CPU
+    #: metrics go to one worker together.  ``0``: they always go to the workers.
     inline_max_chars: int = Field(8192, ge=0)
     #: Bound on the total characters of a case's retrieval context (and, separately,
     #: of its reference contexts).  See ``oversize``.

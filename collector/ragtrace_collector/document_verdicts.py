@@ -17,7 +17,6 @@ they travel on the span like every other result, late carrier spans included.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -170,11 +169,8 @@ def document_verdicts(
 
 def encode_verdicts(verdicts: Sequence[DocumentVerdict]) -> str:
     """The JSON text written as ``ragtrace.eval.<metric>.documents``."""
-    return json.dumps(
-        [v.model_dump(exclude_none=True) for v in verdicts],
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+    # One call into pydantic-core: compact JSON, non-ASCII kept, as json.dumps wrote it.
+    return _LIST.dump_json(list(verdicts), exclude_none=True).decode()
 
 
 def decode_verdicts(value: object) -> list[DocumentVerdict]:

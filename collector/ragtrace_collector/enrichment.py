@@ -24,6 +24,10 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragtrace import semconv
+from ragtrace_collector import protowire
+from ragtrace_collector.case_builder import DocumentSource
+from ragtrace_collector.cases import RAGCase
+from ragtrace_collector.document_verdicts import document_verdicts, encode_verdicts
 from ragtrace_collector.results import MetricResult
 from ragtrace_collector.spanattrs import set_attribute
 
@@ -32,6 +36,8 @@ __all__ = [
     "EnrichmentConfig",
     "EvalSummary",
     "annotator_kind",
+    "case_extra",
+    "encode_result",
     "enrich_span",
     "make_carrier_span",
 ]
@@ -73,6 +79,23 @@ class EvalSummary:
     extra: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
+def case_extra(
+    result: MetricResult, case: RAGCase, sources: Sequence[DocumentSource] | None
+) -> dict[str, Any]:
+    """Extra flat keys of a case metric's result: contextual_precision's reference, and
+    the per-document verdicts (document annotations in Phoenix); ``sources`` are the
+    case's documents in rank order (:attr:`BuiltCase.document_sources`)."""
+    extra: dict[str, Any] = {}
+    if result.metric == "contextual_precision":
+        used = result.details.get("reference")
+        if isinstance(used, str):
+            extra[semconv.EVAL_FIELD_REFERENCE] = used
+    verdicts = document_verdicts(result, case, sources or [])
+    if verdicts:
+        extra[semconv.EVAL_FIELD_DOCUMENTS] = encode_verdicts(verdicts)
+    return extra
+
+
 def annotator_kind(judge: str, *, heuristic: bool = False) -> str:
     """``LLM`` for a result an LLM judge produced, else ``CODE`` (no judge, or the
     offline judge's lexical rules)."""
@@ -84,8 +107,8 @@ def _truncate(text: str, limit: int) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _flat_keys(metric: str) -> tuple[str, str, str, str, str, str]:
-    """threshold, reason, score, passed, error, skipped keys of ``metric``."""
+def _flat_keys(metric: str) -> tuple[str, str, str, str, str, str, str]:
+    """threshold, reason, score, passed, error, skipped, judge keys of ``metric``."""
     return (
         semconv.eval_attr(metric, semconv.EVAL_FIELD_THRESHOLD),
         semconv.eval_attr(metric, semconv.EVAL_FIELD_REASON),
@@ -93,6 +116,7 @@ def _flat_keys(metric: str) -> tuple[str, str, str, str, str, str]:
         semconv.eval_attr(metric, semconv.EVAL_FIELD_PASSED),
         semconv.eval_attr(metric, semconv.EVAL_FIELD_ERROR),
         semconv.eval_attr(metric, semconv.EVAL_FIELD_SKIPPED),
+        semconv.eval_attr(metric, semconv.EVAL_FIELD_JUDGE),
     )
 
 
@@ -108,31 +132,22 @@ def _evaluation_keys(index: int) -> tuple[str, str, str, str, str]:
     )
 
 
-def _write(attributes: Any, items: Sequence[tuple[str, Any]], existing: set[str]) -> None:
-    """Write ``items`` straight into the protobuf: keys not yet on the span are
-    appended with a typed setter; the rare existing key is replaced."""
+def _write(
+    out: list[bytes], attributes: Any, items: Sequence[tuple[str, Any]], existing: set[str]
+) -> None:
+    """Encode ``items`` as span attribute entries into ``out`` (merged into the span in
+    one call, :mod:`ragtrace_collector.protowire`); a key already on the span is
+    replaced in place instead."""
+    attribute = protowire.attribute
+    tag = protowire.SPAN_ATTRIBUTE
     for key, value in items:
-        kind = type(value)
-        if key in existing or kind not in _SCALARS:
+        if key in existing:
             set_attribute(attributes, key, value)
-            continue
-        target = attributes.add(key=key).value
-        if kind is float:
-            target.double_value = value
-        elif kind is str:
-            target.string_value = value
-        elif kind is bool:
-            target.bool_value = value
         else:
-            target.int_value = value
+            out.append(attribute(tag, key, value))
 
 
-_SCALARS = frozenset({float, str, bool, int})
-
-
-def _flat_items(
-    results: Sequence[MetricResult], summary: EvalSummary, limit: int
-) -> list[tuple[str, Any]]:
+def _summary_items(summary: EvalSummary) -> list[tuple[str, Any]]:
     items: list[tuple[str, Any]] = [
         (semconv.EVAL_MODEL, summary.model),
         (semconv.EVAL_SAMPLE_RATE, float(summary.sample_rate)),
@@ -140,25 +155,28 @@ def _flat_items(
     ]
     if summary.cost_usd is not None:
         items.append((semconv.EVAL_COST_USD, float(summary.cost_usd)))
-    for r in results:
-        m = r.metric
-        k_threshold, k_reason, k_score, k_passed, k_error, k_skipped = _flat_keys(m)
-        items.append((k_threshold, float(r.threshold)))
-        items.append((semconv.eval_attr(m, semconv.EVAL_FIELD_JUDGE), r.judge))
-        if r.reason:
-            items.append((k_reason, _truncate(r.reason, limit)))
-        if r.score is not None:
-            items.append((k_score, float(r.score)))
-            items.append((k_passed, bool(r.passed)))
-        if r.error is not None:
-            items.append((k_error, _truncate(r.error, limit)))
-        elif r.skipped:
-            items.append((k_skipped, True))
-        extra = summary.extra.get(m)
-        if extra:
-            for fld, value in extra.items():
-                if value is not None:
-                    items.append((semconv.eval_attr(m, fld), value))
+    return items
+
+
+def _flat_items(
+    r: MetricResult, extra: Mapping[str, Any] | None, limit: int
+) -> list[tuple[str, Any]]:
+    m = r.metric
+    k_threshold, k_reason, k_score, k_passed, k_error, k_skipped, k_judge = _flat_keys(m)
+    items: list[tuple[str, Any]] = [(k_threshold, float(r.threshold)), (k_judge, r.judge)]
+    if r.reason:
+        items.append((k_reason, _truncate(r.reason, limit)))
+    if r.score is not None:
+        items.append((k_score, float(r.score)))
+        items.append((k_passed, bool(r.passed)))
+    if r.error is not None:
+        items.append((k_error, _truncate(r.error, limit)))
+    elif r.skipped:
+        items.append((k_skipped, True))
+    if extra:
+        for fld, value in extra.items():
+            if value is not None:
+                items.append((semconv.eval_attr(m, fld), value))
     return items
 
 
@@ -174,50 +192,96 @@ def _explanation(r: MetricResult, limit: int) -> str:
     return _truncate(r.reason, limit)
 
 
-def _openinference_items(
-    span_keys: set[str], results: Sequence[MetricResult], limit: int
-) -> list[tuple[str, Any]]:
-    # Continue numbering after evaluations already on the span (a second pass, or
-    # another evaluator upstream).
+def _next_evaluation(span_keys: set[str]) -> int:
+    """The first free ``evaluations.N`` index: numbering continues after evaluations
+    already on the span (a second pass, or another evaluator upstream)."""
     lead = semconv.EVALUATIONS + "."
     taken = {
         int(key.split(".", 2)[1])
         for key in span_keys
         if key.startswith(lead) and key.split(".", 2)[1].isdigit()
     }
-    start = max(taken) + 1 if taken else 0
-    items: list[tuple[str, Any]] = []
-    for offset, r in enumerate(results):
-        k_name, k_score, k_label, k_explanation, k_kind = _evaluation_keys(start + offset)
-        items.append((k_name, r.metric))
-        if r.score is not None:
-            items.append((k_score, float(r.score)))
-        label = _label(r) or ("error" if r.error is not None else "skipped")
-        items.append((k_label, label))
-        items.append((k_explanation, _explanation(r, limit)))
-        kind = annotator_kind(r.judge, heuristic=r.heuristic)
-        items.append((k_kind, kind))
+    return max(taken) + 1 if taken else 0
+
+
+def _openinference_items(r: MetricResult, index: int, limit: int) -> list[tuple[str, Any]]:
+    k_name, k_score, k_label, k_explanation, k_kind = _evaluation_keys(index)
+    items: list[tuple[str, Any]] = [(k_name, r.metric)]
+    if r.score is not None:
+        items.append((k_score, float(r.score)))
+    label = _label(r) or ("error" if r.error is not None else "skipped")
+    items.append((k_label, label))
+    items.append((k_explanation, _explanation(r, limit)))
+    items.append((k_kind, annotator_kind(r.judge, heuristic=r.heuristic)))
     return items
 
 
-def _add_events(
-    span: trace_pb2.Span, results: Sequence[MetricResult], limit: int, now_ns: int
-) -> None:
-    for r in results:
-        event = span.events.add(time_unix_nano=now_ns, name=semconv.GEN_AI_EVALUATION_RESULT_EVENT)
-        values: list[tuple[str, Any]] = [(semconv.GEN_AI_EVALUATION_NAME, r.metric)]
-        if r.score is not None:
-            values.append((semconv.GEN_AI_EVALUATION_SCORE_VALUE, float(r.score)))
-        label = _label(r)
-        if label is not None:
-            values.append((semconv.GEN_AI_EVALUATION_SCORE_LABEL, label))
-        values.append((semconv.GEN_AI_EVALUATION_EXPLANATION, _explanation(r, limit)))
-        if r.error is not None:
-            values.append((semconv.ERROR_TYPE, r.error.split(":", 1)[0]))
-        _write(event.attributes, values, _NO_KEYS)
+def _event(r: MetricResult, limit: int) -> tuple[bytes, bytes]:
+    values: list[tuple[str, Any]] = [(semconv.GEN_AI_EVALUATION_NAME, r.metric)]
+    if r.score is not None:
+        values.append((semconv.GEN_AI_EVALUATION_SCORE_VALUE, float(r.score)))
+    label = _label(r)
+    if label is not None:
+        values.append((semconv.GEN_AI_EVALUATION_SCORE_LABEL, label))
+    values.append((semconv.GEN_AI_EVALUATION_EXPLANATION, _explanation(r, limit)))
+    if r.error is not None:
+        values.append((semconv.ERROR_TYPE, r.error.split(":", 1)[0]))
+    return protowire.event_parts(semconv.GEN_AI_EVALUATION_RESULT_EVENT, values)
 
 
-_NO_KEYS: set[str] = set()
+def encode_result(
+    r: MetricResult,
+    index: int,
+    extra: Mapping[str, Any] | None,
+    config: EnrichmentConfig,
+    now_ns: int,
+) -> bytes:
+    """The wire bytes (span attribute and event entries) that :func:`enrich_span` merges
+    into a span for one result that is OpenInference evaluation number ``index``:
+    encoded once, wherever the result was computed (the evaluation workers encode their
+    results, so that the collector process only concatenates them)."""
+    if r.skipped and r.score is None and r.error is None and not extra:
+        # Skipped results repeat from case to case (same metric, same reason): encoded
+        # once, only the event time differs.
+        key = (r.metric, r.reason, r.threshold, r.judge, r.heuristic, index, _flags(config))
+        parts = _SKIPPED.get(key)
+        if parts is None:
+            if len(_SKIPPED) >= 1024:
+                _SKIPPED.clear()
+            parts = _SKIPPED[key] = _encode_parts(r, index, extra, config)
+        attrs, head, tail = parts
+        return attrs + head + protowire.fixed64(now_ns) + tail if head else attrs
+    attrs, head, tail = _encode_parts(r, index, extra, config)
+    return attrs + head + protowire.fixed64(now_ns) + tail if head else attrs
+
+
+_SKIPPED: dict[tuple[Any, ...], tuple[bytes, bytes, bytes]] = {}
+
+
+def _flags(config: EnrichmentConfig) -> tuple[bool, bool, bool, int]:
+    return (config.flat, config.openinference, config.events, config.max_reason_chars)
+
+
+def _encode_parts(
+    r: MetricResult, index: int, extra: Mapping[str, Any] | None, config: EnrichmentConfig
+) -> tuple[bytes, bytes, bytes]:
+    """A result's attribute entries, and its event's head and tail (empty without events)."""
+    limit = config.max_reason_chars
+    attribute = protowire.attribute
+    tag = protowire.SPAN_ATTRIBUTE
+    out: list[bytes] = []
+    if config.flat:
+        out.extend(attribute(tag, k, v) for k, v in _flat_items(r, extra, limit))
+    if config.openinference:
+        out.extend(attribute(tag, k, v) for k, v in _openinference_items(r, index, limit))
+    head = tail = b""
+    if config.events:
+        head, tail = _event(r, limit)
+    return b"".join(out), head, tail
+
+
+#: Encoded results by (metric, OpenInference evaluation index): see :func:`enrich_span`.
+Encoded = Mapping[tuple[str, int], bytes]
 
 
 def enrich_span(
@@ -227,17 +291,50 @@ def enrich_span(
     config: EnrichmentConfig,
     *,
     now_ns: int | None = None,
+    encoded: Encoded | None = None,
 ) -> None:
-    """Write ``results`` onto ``span`` in the enabled forms (in place)."""
+    """Write ``results`` onto ``span`` in the enabled forms (in place).
+
+    ``encoded`` holds results already encoded by :func:`encode_result` with the same
+    ``config`` and the same extra keys, by (metric, evaluation index); a result is used
+    from there when its index is the one it gets on this span, and encoded here
+    otherwise."""
     limit = config.max_reason_chars
+    now = now_ns if now_ns is not None else time.time_ns()
     attributes = span.attributes
     existing = {kv.key for kv in attributes} if (config.flat or config.openinference) else set()
+    start = _next_evaluation(existing) if config.openinference else 0
+    out: list[bytes] = []
     if config.flat:
-        _write(attributes, _flat_items(results, summary, limit), existing)
-    if config.openinference:
-        _write(attributes, _openinference_items(existing, results, limit), existing)
-    if config.events:
-        _add_events(span, results, limit, now_ns if now_ns is not None else time.time_ns())
+        _write(out, attributes, _summary_items(summary), existing)
+    if config.flat and any(k.startswith(_EVAL_LEAD) and k not in _SPAN_KEYS for k in existing):
+        # A second pass: this span already has flat results, which are replaced in place.
+        for r in results:
+            _write(out, attributes, _flat_items(r, summary.extra.get(r.metric), limit), existing)
+        flat_done = config.model_copy(update={"flat": False})
+        for offset, r in enumerate(results):
+            out.append(encode_result(r, start + offset, None, flat_done, now))
+    else:
+        for offset, r in enumerate(results):
+            blob = encoded.get((r.metric, start + offset)) if encoded else None
+            if blob is None:
+                blob = encode_result(r, start + offset, summary.extra.get(r.metric), config, now)
+            out.append(blob)
+    if out:
+        span.MergeFromString(b"".join(out))  # appends to attributes and events
+
+
+_EVAL_LEAD = semconv.EVAL_PREFIX + "."
+#: ``ragtrace.eval.*`` keys that are not a metric's (the sampling decision, the summary).
+_SPAN_KEYS = frozenset(
+    {
+        semconv.EVAL_SAMPLE_RATE,
+        semconv.EVAL_SAMPLED,
+        semconv.EVAL_MODEL,
+        semconv.EVAL_LATENCY_MS,
+        semconv.EVAL_COST_USD,
+    }
+)
 
 
 def make_carrier_span(

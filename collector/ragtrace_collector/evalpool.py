@@ -17,8 +17,14 @@ Design
 * **Slots.** One supervised task per worker ("slot") takes a *batch* of queued
   items (up to ``batch_size``, whatever is waiting: one under light load), sends it
   in one frame and reads the results in one frame, so the round trip is paid once per
-  batch.  An item is one case with the indices of its pooled metrics, or one
-  conversation window with its metric's index.
+  batch.  An item is one case (plain tuples, not pydantic models) with the indices of
+  its pooled metrics, or one conversation window with its metric's index.
+* **Less work for the collector.** For a case, the worker also makes what the
+  collector would otherwise make from each result (:class:`CaseWork`): the
+  per-document verdicts, and the result encoded as span attribute and event entries
+  (:func:`~ragtrace_collector.enrichment.encode_result`), which the collector appends
+  to the span as they are.  The collector's share of a pooled case is then building
+  it, sampling, and appending bytes: what lets evaluation scale with processes.
 * **Budgets.** A worker writes which item and metric it is running, and since when,
   into a small shared-memory array.  While a batch is out, its slot checks that array
   every ``tick``: a metric running for more than ``metric_timeout`` gets its worker
@@ -48,18 +54,22 @@ import signal
 import socket
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from ragtrace_collector.case_builder import DocumentSource
 from ragtrace_collector.cases import ContextItem, Conversation, RAGCase
 from ragtrace_collector.component import Component, Status, Supervisor
 from ragtrace_collector.judges.base import JudgeCallRecord
 from ragtrace_collector.logs import get_logger
 from ragtrace_collector.metrics import ConversationMetric, Metric
-from ragtrace_collector.results import Cost, MetricResult
+from ragtrace_collector.results import Cost, MetricResult, trusted
 
-__all__ = ["EvaluationPool", "PoolStats"]
+__all__ = ["Annex", "CaseWork", "EvaluationPool", "PoolStats"]
+
+if TYPE_CHECKING:
+    from ragtrace_collector.enrichment import EnrichmentConfig
 
 _HEADER = struct.Struct("!Q")
 ItemKind = Literal["case", "window"]
@@ -82,17 +92,38 @@ class PoolStats:
     replaced: int = 0
     timeouts: int = 0
     lost: int = 0
+    #: Results that came back encoded for the span (see :class:`CaseWork`).
+    encoded: int = 0
+
+
+#: What a worker adds to a case metric's result: (extra flat keys, the result encoded
+#: for the span by :func:`~ragtrace_collector.enrichment.encode_result`, or None).
+Annex = tuple[dict[str, Any], bytes | None]
+
+
+@dataclass(frozen=True)
+class CaseWork:
+    """What a worker does for a case besides scoring it, so that the collector process
+    does not: the extra flat keys (per-document verdicts) from the case's document
+    sources, and (with ``enrichment``) each result encoded for the span as
+    OpenInference evaluation number ``indices[metric]``."""
+
+    sources: Sequence[DocumentSource] | None
+    enrichment: EnrichmentConfig | None = None
+    indices: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
 class _Item:
     kind: ItemKind
-    payload: RAGCase | Conversation
+    payload: Any
     #: Metric indices still to compute.
     indices: list[int]
     future: asyncio.Future[list[MetricResult]]
     results: dict[int, MetricResult] = field(default_factory=dict)
     attempts: int = 0
+    #: Filled with each result's :data:`Annex` (by metric name) when the worker made one.
+    annex: dict[str, Annex] | None = None
 
 
 class _Worker:
@@ -239,10 +270,16 @@ class EvaluationPool(Component):
 
     # ------------------------------------------------------------------ API
     def run_case(
-        self, case: RAGCase, metrics: Sequence[Metric]
+        self,
+        case: RAGCase,
+        metrics: Sequence[Metric],
+        work: CaseWork | None = None,
+        annex: dict[str, Annex] | None = None,
     ) -> asyncio.Future[list[MetricResult]]:
-        """Score ``case`` with ``metrics`` (all covered by the pool), in their order."""
-        return self._submit(_CASE, case, metrics)
+        """Score ``case`` with ``metrics`` (all covered by the pool), in their order.
+        With ``work``, ``annex`` is filled (by metric name) before the future is done."""
+        payload = (_pack_payload(_CASE, case), _pack_work(work))
+        return self._submit(_CASE, payload, metrics, annex if work is not None else None)
 
     def run_window(
         self, conversation: Conversation, metric: ConversationMetric
@@ -251,10 +288,14 @@ class EvaluationPool(Component):
         return self._submit(_WINDOW, conversation, [metric])
 
     def _submit(
-        self, kind: ItemKind, payload: RAGCase | Conversation, metrics: Sequence[Metric]
+        self,
+        kind: ItemKind,
+        payload: Any,
+        metrics: Sequence[Metric],
+        annex: dict[str, Annex] | None = None,
     ) -> asyncio.Future[list[MetricResult]]:
         future: asyncio.Future[list[MetricResult]] = asyncio.get_running_loop().create_future()
-        item = _Item(kind, payload, [self._index[id(m)] for m in metrics], future)
+        item = _Item(kind, payload, [self._index[id(m)] for m in metrics], future, annex=annex)
         if self._closed:
             self._fail(item, "shutdown", "the evaluation workers were stopped")
             return future
@@ -326,7 +367,7 @@ class EvaluationPool(Component):
         worker = self._workers[slot]
         assert worker is not None
         frame = pickle.dumps(
-            [(item.kind, _pack_payload(item.kind, item.payload), item.indices) for item in batch],
+            [(item.kind, item.payload, item.indices) for item in batch],
             protocol=pickle.HIGHEST_PROTOCOL,
         )
         self.stats.batches += 1
@@ -363,9 +404,13 @@ class EvaluationPool(Component):
                 read.cancel()
         self.stats.bytes_in += len(answer)
         self.report_ok()
-        for item, (results, calls) in zip(batch, pickle.loads(answer), strict=True):
+        for item, (results, calls, annexes) in zip(batch, pickle.loads(answer), strict=True):
             for packed in results:
                 item.results[packed[0]] = _unpack_result(packed)
+            if item.annex is not None:
+                for name, extra, blob in annexes:
+                    item.annex[name] = (extra, blob)
+                    self.stats.encoded += blob is not None
             self._judge_calls(calls)
             self._finish(item)
 
@@ -468,6 +513,30 @@ def _pack_payload(kind: ItemKind, payload: RAGCase | Conversation) -> Any:
     )
 
 
+def _pack_work(work: CaseWork | None) -> _Packed | None:
+    if work is None:
+        return None
+    config = work.enrichment
+    flags = (
+        None
+        if config is None
+        else (config.flat, config.openinference, config.events, config.max_reason_chars)
+    )
+    # The same objects for every case of an evaluator: pickled once per batch (the
+    # pickler's memo), not once per case.
+    key = (flags, id(work.indices))
+    shared = _SHARED.get(key)
+    if shared is None or shared[0] is not work.indices:
+        if len(_SHARED) > 64:
+            _SHARED.clear()
+        shared = _SHARED[key] = (work.indices, (flags, dict(work.indices)))
+    sources = None if work.sources is None else [tuple(s) for s in work.sources]
+    return (sources, *shared[1])
+
+
+_SHARED: dict[tuple[Any, int], tuple[Mapping[str, int], tuple[Any, dict[str, int]]]] = {}
+
+
 def _unpack_case(packed: _Packed) -> RAGCase:
     contexts = packed[3]
     return RAGCase.model_construct(
@@ -505,8 +574,9 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def _pack_result(index: int, r: MetricResult) -> _Packed:
-    """A result as a tuple; of its details only plain data travels (see :func:`_plain`)."""
+def _pack_result(index: int, r: MetricResult, *, details: bool = True) -> _Packed:
+    """A result as a tuple; of its details only plain data travels (see :func:`_plain`),
+    and none without ``details``."""
     c = r.cost
     return (
         index,
@@ -518,7 +588,7 @@ def _pack_result(index: int, r: MetricResult) -> _Packed:
         r.passed,
         r.skipped,
         r.error,
-        {k: v for k, v in r.details.items() if _plain(v)},
+        {k: v for k, v in r.details.items() if _plain(v)} if details else {},
         (c.calls, c.cached_calls, c.prompt_tokens, c.completion_tokens, c.usd),
         r.judge,
         r.heuristic,
@@ -527,26 +597,41 @@ def _pack_result(index: int, r: MetricResult) -> _Packed:
 
 def _unpack_result(p: _Packed) -> MetricResult:
     calls, cached, prompt, completion, usd = p[10]
-    return MetricResult.model_construct(
-        metric=p[1],
-        score=p[2],
-        reason=p[3],
-        threshold=p[4],
-        strict=p[5],
-        passed=p[6],
-        skipped=p[7],
-        error=p[8],
-        details=p[9],
-        cost=Cost.model_construct(
-            calls=calls,
-            cached_calls=cached,
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            usd=usd,
-        ),
-        judge=p[11],
-        heuristic=p[12],
+    cost = _COSTS.get(p[10])
+    if cost is None:
+        if len(_COSTS) > 1024:
+            _COSTS.clear()
+        cost = _COSTS[p[10]] = trusted(
+            Cost,
+            {
+                "calls": calls,
+                "cached_calls": cached,
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "usd": usd,
+            },
+        )
+    return trusted(
+        MetricResult,
+        {
+            "metric": p[1],
+            "score": p[2],
+            "reason": p[3],
+            "threshold": p[4],
+            "strict": p[5],
+            "passed": p[6],
+            "skipped": p[7],
+            "error": p[8],
+            "details": p[9],
+            "cost": cost,
+            "judge": p[11],
+            "heuristic": p[12],
+        },
     )
+
+
+#: Costs are immutable and repeat (offline: zero calls, zero dollars): shared.
+_COSTS: dict[tuple[Any, ...], Cost] = {}
 
 
 def _error_result(metric: Metric, error: str, reason: str) -> MetricResult:
@@ -576,6 +661,7 @@ def _worker_main(
     sock: socket.socket, spec: tuple[tuple[str, dict[str, Any]], ...], progress: Any
 ) -> None:
     """A worker process: read a batch, score it, answer; exit when the socket closes."""
+    from ragtrace_collector.enrichment import EnrichmentConfig, case_extra, encode_result
     from ragtrace_collector.judges.offline import OfflineJudge
     from ragtrace_collector.metrics import build_metric
 
@@ -586,9 +672,45 @@ def _worker_main(
     judge = OfflineJudge(on_call=lambda record: calls.append((record.task, record.latency_s)))
     loop = asyncio.new_event_loop()
 
-    async def score(kind: ItemKind, payload: Any, pos: int, indices: list[int]) -> list[_Packed]:
+    configs: dict[tuple[Any, ...], EnrichmentConfig] = {}
+
+    def annex(case: RAGCase, result: MetricResult, work: _Packed) -> _Packed | None:
+        """(metric, extra keys, encoded result or None): see :class:`CaseWork`.  None
+        when that fails (spans are untrusted): the collector then makes them itself,
+        and reports the failure, as it does without a pool."""
+        try:
+            return _annex(case, result, work)
+        except Exception:
+            return None
+
+    def _annex(case: RAGCase, result: MetricResult, work: _Packed) -> _Packed:
+        sources, flags, positions = work
+        extra = case_extra(
+            result, case, None if sources is None else [DocumentSource(*s) for s in sources]
+        )
+        position = positions.get(result.metric)
+        if flags is None or position is None:
+            return (result.metric, extra, None)
+        config = configs.get(flags)
+        if config is None:
+            flat, oi, events, limit = flags
+            config = configs[flags] = EnrichmentConfig(
+                flat=flat, openinference=oi, events=events, max_reason_chars=limit
+            )
+        blob = encode_result(result, position, extra, config, time.time_ns())
+        return (result.metric, extra, blob)
+
+    async def score(
+        kind: ItemKind, payload: Any, pos: int, indices: list[int]
+    ) -> tuple[list[_Packed], list[_Packed]]:
         out: list[_Packed] = []
-        case: Any = _unpack_case(payload) if kind == _CASE else payload
+        annexes: list[_Packed] = []
+        work: _Packed | None = None
+        if kind == _CASE:
+            case: Any = _unpack_case(payload[0])
+            work = payload[1]
+        else:
+            case = payload
         for index in indices:
             progress[_SINCE] = 0.0
             progress[_POS] = pos
@@ -600,8 +722,13 @@ def _worker_main(
                 result = await metric.measure_window(case, -1, judge)
             else:
                 result = await metric.measure(case, judge)
-            out.append(_pack_result(index, result))
-        return out
+            made = annex(case, result, work) if work is not None else None
+            if made is not None:
+                annexes.append(made)
+            # With its annex made here, the collector needs none of the details (what
+            # the verdicts are made from): they stay here.
+            out.append(_pack_result(index, result, details=made is None))
+        return out, annexes
 
     while True:
         header = _recv_exactly(sock, _HEADER.size)
@@ -612,8 +739,8 @@ def _worker_main(
             return
         answers = []
         for pos, (kind, payload, indices) in enumerate(pickle.loads(body)):
-            results = loop.run_until_complete(score(kind, payload, pos, indices))
-            answers.append((results, list(calls)))
+            results, annexes = loop.run_until_complete(score(kind, payload, pos, indices))
+            answers.append((results, list(calls), annexes))
             calls.clear()
         progress[_SINCE] = 0.0
         frame = pickle.dumps(answers, protocol=pickle.HIGHEST_PROTOCOL)

@@ -26,9 +26,11 @@ Where the work runs (the event loop does only I/O):
   reason on the span;
 * the CPU-bound metrics (no judge, or the offline judge) run in the worker processes
   of :class:`~ragtrace_collector.evalpool.EvaluationPool`, all of a case's in one
-  item, bounded by ``metric_timeout`` there; a small case whose metrics need no judge
-  is scored right here (cheaper than shipping it), as is everything when there is no
-  pool (``evaluation.processes: 0``);
+  item, bounded by ``metric_timeout`` there; the worker also makes the per-document
+  verdicts and encodes each result for the span, so that this process only appends
+  bytes.  A small case whose metrics all need no judge is scored right here (cheaper
+  than shipping it), as is everything when there is no pool
+  (``evaluation.processes: 0``);
 * LLM-judge metrics wait on litellm on the loop, one task per metric under
   ``metric_timeout``;
 * a trace of more than ``_THREAD_BUILD_SPANS`` spans is turned into cases in a thread.
@@ -57,26 +59,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ragtrace import semconv
+from ragtrace_collector import protowire
 from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
 from ragtrace_collector.case_bounds import case_chars, check_case
 from ragtrace_collector.case_builder import BuiltCase, CaseRules, build_cases, may_hold_case
 from ragtrace_collector.cases import ContextItem, Conversation, Turn
 from ragtrace_collector.component import Component, Status, Supervisor
 from ragtrace_collector.config import EvaluationConfig
-from ragtrace_collector.document_verdicts import document_verdicts, encode_verdicts
 from ragtrace_collector.enrichment import (
     EnrichmentConfig,
     EvalSummary,
+    case_extra,
     enrich_span,
     make_carrier_span,
 )
-from ragtrace_collector.evalpool import EvaluationPool
+from ragtrace_collector.evalpool import Annex, CaseWork, EvaluationPool
 from ragtrace_collector.judges.base import Judge, JudgeCallRecord
 from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.logs import get_logger, redact
 from ragtrace_collector.metrics import NOTHING_RETRIEVED_YET, ConversationMetric, Metric
 from ragtrace_collector.otlp import Span, SpanGroup
-from ragtrace_collector.results import MetricResult
+from ragtrace_collector.results import MetricResult, trusted
 from ragtrace_collector.sampling import Sampler, SamplingDecision, trace_attribute_lookup
 from ragtrace_collector.session_store import (
     SessionStore,
@@ -115,6 +118,8 @@ class _Pending:
     names: tuple[str, ...]
     #: From the pool: a "timeout" result there is counted here.
     pooled: bool = False
+    #: From the pool: what its worker computed besides the results (by metric).
+    annex: dict[str, Annex] | None = None
 
 
 @dataclass
@@ -125,6 +130,8 @@ class _CaseOutcome:
     pending: list[_Pending]
     #: What the input bounds truncated, prefixed to every reason ("" if nothing).
     note: str = ""
+    #: Results already encoded for the span (by the workers), for ``enrich_span``.
+    encoded: dict[tuple[str, int], bytes] = field(default_factory=dict)
 
 
 class OnlineEvaluator(Component):
@@ -184,6 +191,14 @@ class OnlineEvaluator(Component):
         self._cpu_metrics = [m for m in self.case_metrics if offline or not m.uses_judge]
         self._task_metrics = [m for m in self.case_metrics if m not in self._cpu_metrics]
         self._label_cache: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._skipped_cache: dict[tuple[str, str], MetricResult] = {}
+        # A case with any metric for the pool sends all its CPU metrics there: the
+        # collector process then only builds, samples and writes results.
+        self._cpu_needs_pool = any(m.uses_judge for m in self._cpu_metrics)
+        # Results are written sorted by metric: each one's OpenInference evaluation
+        # number on a span that has none yet, so that the workers encode them.
+        order = sorted(m.name for m in (*self.case_metrics, *self.conversation_metrics))
+        self._positions = {name: i for i, name in enumerate(order)}
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -297,6 +312,7 @@ class OnlineEvaluator(Component):
             service_of=service_of,
             reference_lookup=self._reference_lookup,
             rules=self._case_rules,
+            prefiltered=True,  # by submit
         )
         return cases, groups_of
 
@@ -313,8 +329,18 @@ class OnlineEvaluator(Component):
             return
         decision = self._sample(trace, cases, groups_of)
         decision_attrs = decision.attributes().items()
+        encoded: bytes | None = None
         for built in cases:
-            set_attributes(built.span.attributes, decision_attrs)
+            if built.attributes.keys().isdisjoint(decision.attributes()):
+                # The usual case: new keys, appended as wire bytes in one call.
+                if encoded is None:
+                    encoded = b"".join(
+                        protowire.attribute(protowire.SPAN_ATTRIBUTE, k, v)
+                        for k, v in decision_attrs
+                    )
+                built.span.MergeFromString(encoded)
+            else:
+                set_attributes(built.span.attributes, decision_attrs)
         if not decision.sampled:
             if decision.outcome == "budget":
                 self._telemetry.eval_skipped.labels("budget").inc()
@@ -407,7 +433,13 @@ class OnlineEvaluator(Component):
             if carrier_mode:
                 self._forward_carrier(job, outcome.built, outcome.results, summary)
             else:
-                enrich_span(outcome.built.span, outcome.results, summary, self.enrichment)
+                enrich_span(
+                    outcome.built.span,
+                    outcome.results,
+                    summary,
+                    self.enrichment,
+                    encoded=outcome.encoded,
+                )
         if total_usd:
             self.sampler.record_cost(total_usd)
         self._telemetry.eval_latency.observe(latency_ms / 1000.0)
@@ -420,12 +452,19 @@ class OnlineEvaluator(Component):
 
     def _collect(self, outcome: _CaseOutcome, item: _Pending) -> None:
         """Move a finished item's results into its case's outcome."""
+        annexes = item.annex
         for result in item.future.result():
             if outcome.note:
                 result.reason = outcome.note + result.reason
             if item.pooled and result.error == "timeout":
                 self._telemetry.eval_timeouts.labels(result.metric).inc()
-            extra = _case_extra(result, outcome.built)
+            annex = annexes.get(result.metric) if annexes else None
+            if annex is not None:
+                extra, blob = annex
+                if blob is not None:
+                    outcome.encoded[(result.metric, self._positions[result.metric])] = blob
+            else:
+                extra = case_extra(result, outcome.built.case, outcome.built.document_sources)
             if extra:
                 outcome.extra.setdefault(result.metric, {}).update(extra)
             outcome.results.append(result)
@@ -572,13 +611,12 @@ class OnlineEvaluator(Component):
         pooled: list[Metric] = []
         if self._cpu_metrics:
             pool = self.pool
-            small = pool is None or case_chars(case) <= self.config.inline_max_chars
-            inline: list[Metric] = []
-            for metric in self._cpu_metrics:
-                if pool is None or (small and not metric.uses_judge):
-                    inline.append(metric)
-                else:
-                    pooled.append(metric)
+            if pool is None or (
+                not self._cpu_needs_pool and case_chars(case) <= self.config.inline_max_chars
+            ):
+                inline = self._cpu_metrics
+            else:
+                inline, pooled = [], self._cpu_metrics
             if inline:
                 future: asyncio.Future[list[MetricResult]] = (
                     asyncio.get_running_loop().create_future()
@@ -587,23 +625,37 @@ class OnlineEvaluator(Component):
                 future.set_result([await m.measure(case, self.judge) for m in inline])
                 outcome.pending.append(_Pending(future, tuple(m.name for m in inline)))
             if pooled and pool is not None:
-                outcome.pending.append(
-                    _Pending(pool.run_case(case, pooled), tuple(m.name for m in pooled), True)
+                work = CaseWork(
+                    built.document_sources,
+                    # Encoded there for the evaluated span; not with a bounds note to
+                    # prefix to every reason here, nor for carrier spans.
+                    None if outcome.note or self.enrichment.attach != "span" else self.enrichment,
+                    self._positions,
                 )
+                annex: dict[str, Annex] = {}
+                future = pool.run_case(case, pooled, work, annex)
+                outcome.pending.append(_Pending(future, tuple(m.name for m in pooled), True, annex))
         for metric in self._task_metrics:
             task = asyncio.create_task(self._run_case_metric(metric, built), name=metric.name)
             outcome.pending.append(_Pending(task, (metric.name,)))
 
     def _skipped(self, metric: Metric, reason: str) -> MetricResult:
-        return MetricResult(
-            metric=metric.name,
-            score=None,
-            skipped=True,
-            reason=reason,
-            threshold=metric.options.threshold,
-            judge=self.judge.model,
-            heuristic=self.judge.heuristic,
-        )
+        key = (metric.name, reason)
+        made = self._skipped_cache.get(key)
+        if made is None:
+            if len(self._skipped_cache) > 1024:
+                self._skipped_cache.clear()
+            made = self._skipped_cache[key] = MetricResult(
+                metric=metric.name,
+                score=None,
+                skipped=True,
+                reason=reason,
+                threshold=metric.options.threshold,
+                judge=self.judge.model,
+                heuristic=self.judge.heuristic,
+            )
+        # Validated once per (metric, reason); each case gets its own copy.
+        return trusted(MetricResult, dict(made.__dict__))
 
     async def _run_case_metric(self, metric: Metric, built: BuiltCase) -> list[MetricResult]:
         try:
@@ -776,20 +828,6 @@ def _describe_turns(indices: Sequence[int]) -> str:
         if i is not None:
             start = prev = i
     return f"{'turn' if len(indices) == 1 else 'turns'} {', '.join(runs)}"
-
-
-def _case_extra(result: MetricResult, built: BuiltCase) -> dict[str, Any]:
-    """Extra flat keys of a case metric's result: contextual_precision's reference, and
-    the per-document verdicts (document annotations in Phoenix)."""
-    extra: dict[str, Any] = {}
-    if result.metric == "contextual_precision":
-        used = result.details.get("reference")
-        if isinstance(used, str):
-            extra[semconv.EVAL_FIELD_REFERENCE] = used
-    verdicts = document_verdicts(result, built.case, built.document_sources or [])
-    if verdicts:
-        extra[semconv.EVAL_FIELD_DOCUMENTS] = encode_verdicts(verdicts)
-    return extra
 
 
 def _timeout_result(metric: str, seconds: float) -> MetricResult:
