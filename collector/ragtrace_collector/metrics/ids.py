@@ -11,6 +11,8 @@ An empty denominator, or an empty reference id list, is *skipped*.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ragtrace_collector.cases import RAGCase
 from ragtrace_collector.metrics.base import JudgeFreeMetric, Outcome
 
@@ -36,6 +38,21 @@ class _IDMetric(JudgeFreeMetric):
 class IDContextRecall(_IDMetric):
     name = "id_context_recall"
 
+    def _fast_scores(self, cases: Sequence[RAGCase]) -> list[float | None]:
+        out: list[float | None] = []
+        append = out.append
+        for case in cases:
+            ref = case.reference_context_ids
+            ret = case.retrieved_context_ids
+            if ret is None:
+                ret = case.retrieved_ids()
+            if not ref or ret is None:  # missing_inputs() gives a reason
+                append(None)
+                continue
+            wanted = set(ref)
+            append(len(wanted.intersection(ret)) / len(wanted))
+        return out
+
     def _score_now(self, case: RAGCase) -> Outcome:
         ref, ret = self._sets(case)
         found = ref & ret
@@ -58,6 +75,21 @@ class IDContextPrecision(_IDMetric):
         if missing is None and not case.retrieved_ids():
             return "no document was retrieved"
         return missing
+
+    def _fast_scores(self, cases: Sequence[RAGCase]) -> list[float | None]:
+        out: list[float | None] = []
+        append = out.append
+        for case in cases:
+            ref = case.reference_context_ids
+            ret = case.retrieved_context_ids
+            if ret is None:
+                ret = case.retrieved_ids()
+            if not ref or not ret:  # missing_inputs() gives a reason
+                append(None)
+                continue
+            got = set(ret)
+            append(len(got.intersection(ref)) / len(got))
+        return out
 
     def _score_now(self, case: RAGCase) -> Outcome:
         ref, ret = self._sets(case)

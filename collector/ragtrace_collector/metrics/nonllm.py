@@ -14,7 +14,8 @@ The similarity threshold is ``similarity_threshold`` when set, else ``threshold`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from rapidfuzz.distance import Hamming, Indel, Jaro, JaroWinkler, Levenshtein
 
@@ -23,7 +24,12 @@ from ragtrace_collector.metrics.base import JudgeFreeMetric, Outcome, average_pr
 
 __all__ = ["SIMILARITIES", "NonLLMContextPrecision", "NonLLMContextRecall", "best_similarities"]
 
-Similarity = Callable[[str, str], float]
+
+class Similarity(Protocol):
+    """A rapidfuzz normalised similarity: 0.0 when under ``score_cutoff``."""
+
+    def __call__(self, s1: str, s2: str, *, score_cutoff: float | None = None) -> float: ...
+
 
 SIMILARITIES: dict[str, Similarity] = {
     "levenshtein": Levenshtein.normalized_similarity,
@@ -32,6 +38,12 @@ SIMILARITIES: dict[str, Similarity] = {
     "hamming": Hamming.normalized_similarity,
     "indel": Indel.normalized_similarity,
 }
+
+
+#: The fast scorers ask rapidfuzz for similarities at least this much under the cut-off
+#: (so that no rounding in its pruning can drop a pair exactly at it), then compare the
+#: exact values it returns with the cut-off itself.
+_CUTOFF_MARGIN = 1e-6
 
 
 def best_similarities(
@@ -62,6 +74,30 @@ class _NonLLM(JudgeFreeMetric):
 class NonLLMContextRecall(_NonLLM):
     name = "non_llm_context_recall"
 
+    def _fast_scores(self, cases: Sequence[RAGCase]) -> list[float | None]:
+        # score_texts() without the similarities: a reference context is recalled at
+        # its first retrieved context over the cut-off, and rapidfuzz may stop computing
+        # a similarity that cannot reach it.
+        cut = self.similarity_threshold
+        floor = max(0.0, cut - _CUTOFF_MARGIN)
+        sim = SIMILARITIES[self.options.distance]
+        out: list[float | None] = []
+        for case in cases:
+            reference = case.reference_contexts
+            retrieval = case.retrieval_context
+            if not reference or retrieval is None:  # missing_inputs() gives a reason
+                out.append(None)
+                continue
+            retrieved = [c.content for c in retrieval]
+            recalled = 0
+            for wanted in reference:
+                for text in retrieved:
+                    if sim(wanted, text, score_cutoff=floor) > cut:
+                        recalled += 1
+                        break
+            out.append(recalled / len(reference))
+        return out
+
     def _score_now(self, case: RAGCase) -> Outcome:
         return self.score_texts(case.context_texts(), case.reference_contexts or [])
 
@@ -91,6 +127,31 @@ class NonLLMContextPrecision(_NonLLM):
         if missing is None and not case.retrieval_context:
             return "nothing was retrieved: no ranking to score"
         return missing
+
+    def _fast_scores(self, cases: Sequence[RAGCase]) -> list[float | None]:
+        # score_texts() without the similarities: a retrieved node is relevant at its
+        # first reference context at or over the cut-off (see NonLLMContextRecall).
+        cut = self.similarity_threshold
+        floor = max(0.0, cut - _CUTOFF_MARGIN)
+        sim = SIMILARITIES[self.options.distance]
+        out: list[float | None] = []
+        for case in cases:
+            reference = case.reference_contexts
+            retrieval = case.retrieval_context
+            if not reference or not retrieval:  # missing_inputs() gives a reason
+                out.append(None)
+                continue
+            relevant: list[int] = []
+            for node in retrieval:
+                text = node.content
+                hit = 0
+                for wanted in reference:
+                    if sim(text, wanted, score_cutoff=floor) >= cut:
+                        hit = 1
+                        break
+                relevant.append(hit)
+            out.append(average_precision(relevant))
+        return out
 
     def _score_now(self, case: RAGCase) -> Outcome:
         return self.score_texts(case.context_texts(), case.reference_contexts or [])
