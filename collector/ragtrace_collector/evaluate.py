@@ -127,8 +127,8 @@ class EvalReport(BaseModel):
         def __getattribute__(self, name: str) -> Any:
             # ``items`` of a judge-free batch is built on first use.  Everything that
             # reads the fields (pydantic's dumps, ==, copies, pickling) goes through
-            # ``__dict__``, so both names build it first.
-            if name == "items" or name == "__dict__":
+            # ``__dict__`` or ``__pydantic_private__``, so these names build it first.
+            if name in _BUILDS_ITEMS:
                 _build_pending(self)
             return super().__getattribute__(name)
 
@@ -143,14 +143,14 @@ class EvalReport(BaseModel):
     @property
     def item_count(self) -> int:
         """``len(items)``, without building the items of a judge-free batch."""
-        pending = self._pending
+        pending = _pending_of(self)
         return len(pending) if pending is not None else len(self.items)
 
     def scores(self, metric: str) -> list[float | None]:
         """Each item's score for ``metric``, in item order (None: skipped, errored, or
         not measured on that item); read from the batch's score columns when the items
         of a judge-free batch have not been built."""
-        pending = self._pending
+        pending = _pending_of(self)
         if pending is not None:
             return pending.scores(metric)
         out: list[float | None] = []
@@ -161,7 +161,7 @@ class EvalReport(BaseModel):
 
     @property
     def cost(self) -> Cost:
-        if self._pending is not None:
+        if _pending_of(self) is not None:
             return Cost.none()  # a judge-free batch calls no judge
         total = Cost()
         for item in self.items:
@@ -419,13 +419,31 @@ class _Pending:
         return out
 
 
+#: The attributes of an EvalReport whose reading builds its pending items first.
+_BUILDS_ITEMS = frozenset({"items", "__dict__", "__pydantic_private__"})
+
+
+def _pending_of(report: EvalReport) -> _Pending | None:
+    """The pending items of ``report``, read without building them."""
+    try:
+        private = object.__getattribute__(report, "__pydantic_private__")
+    except AttributeError:  # still in __init__
+        return None
+    pending: _Pending | None = private.get("_pending") if private else None
+    return pending
+
+
 def _build_pending(report: EvalReport) -> None:
     """Build the pending items of ``report`` (a no-op when there are none)."""
-    private = object.__getattribute__(report, "__pydantic_private__")
-    pending = private.get("_pending") if private else None
+    pending = _pending_of(report)
     if pending is not None:
+        private = object.__getattribute__(report, "__pydantic_private__")
         fields = object.__getattribute__(report, "__dict__")
-        fields["items"] = pending.build()
+        built = {**fields, "items": pending.build()}
+        # Back in field order: the JSON dumps follow the order of __dict__.
+        fields.clear()
+        fields.update({name: built.pop(name) for name in EvalReport.model_fields})
+        fields.update(built)
         private["_pending"] = None
 
 
