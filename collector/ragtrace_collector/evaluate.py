@@ -132,6 +132,19 @@ class EvalReport(BaseModel):
                 _build_pending(self)
             return super().__getattribute__(name)
 
+        def __setattr__(self, name: str, value: Any) -> None:
+            # What pydantic does for a field, without reading __dict__ (and so building
+            # the items) when the field is not ``items``.
+            if (
+                name != "items"
+                and name in EvalReport.model_fields
+                and _pending_of(self) is not None
+            ):
+                object.__getattribute__(self, "__dict__")[name] = value
+                object.__getattribute__(self, "__pydantic_fields_set__").add(name)
+                return
+            super().__setattr__(name, value)
+
     def __repr__(self) -> str:
         # Short: asyncio.run() formats the main task (and so its result) when it
         # restores the SIGINT handler, and a full repr of 10k items costs seconds.

@@ -14,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragtrace_collector.cases import ContextItem, Conversation, RAGCase, Turn
-from ragtrace_collector.evaluate import EvalReport, ItemResult, _pending_of, evaluate, summarise
+from ragtrace_collector.evaluate import (
+    EvalReport,
+    ItemResult,
+    _pending_of,
+    evaluate,
+    evaluate_rows,
+    summarise,
+)
 from ragtrace_collector.metrics import JudgeFreeMetric, build_metric
 from ragtrace_collector.metrics.base import Outcome
 from ragtrace_collector.metrics.ids import IDContextRecall
@@ -183,6 +190,8 @@ async def test_every_way_to_read_a_lazy_report_builds_its_items() -> None:
         assert lazy == eager
     eager, lazy = await _both(FAST)
     lazy.warnings = ["set before the items were read"]
+    assert _pending_of(lazy) is not None
+    assert lazy.model_fields_set == eager.model_fields_set | {"warnings"}
     assert lazy.items == eager.items
     assert lazy.warnings == ["set before the items were read"]
 
@@ -192,3 +201,15 @@ async def test_fallback_records_the_error_of_the_case_that_raised() -> None:
     errors = [r for item in lazy.items for r in item.results if r.error is not None]
     assert [e.error for e in errors] == ["internal: RuntimeError: bug"]
     assert lazy.summary["id_context_recall"].errors == 1
+
+
+def test_evaluate_rows_leaves_the_items_of_a_judge_free_batch_unbuilt() -> None:
+    rows = [
+        {"retrieved_context_ids": ["a", "b"], "reference_context_ids": ["a"]},
+        {"retrieved_context_ids": "not a list"},
+    ]
+    report = evaluate_rows(rows, "id_context_recall,id_context_precision")
+    assert _pending_of(report) is not None
+    assert len(report.row_errors) == 1
+    assert report.scores("id_context_precision") == [0.5]
+    assert [item.results[0].score for item in report.items] == [1.0]
