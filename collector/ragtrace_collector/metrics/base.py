@@ -307,7 +307,7 @@ class MetricBase(abc.ABC):
                 reason = HEURISTIC_PREFIX + reason
             passed: bool | None = None
             if score is not None:
-                score = _clamp(score)
+                score = min(1.0, max(0.0, float(score)))  # _clamp(), inlined
                 if strict and score < 1.0:
                     details = {**details, "unstrict_score": score}
                     score = 0.0

@@ -12,6 +12,7 @@ An empty denominator, or an empty reference id list, is *skipped*.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from ragtrace_collector.cases import RAGCase
 from ragtrace_collector.metrics.base import JudgeFreeMetric, Outcome
@@ -29,6 +30,25 @@ class _IDMetric(JudgeFreeMetric):
             return "no retrieved document ids captured"
         return None
 
+    #: precision: the share of the distinct retrieved ids; recall: of the reference ids.
+    _over_retrieved: ClassVar[bool] = False
+
+    def _fast_scores(self, cases: Sequence[RAGCase]) -> list[float | None]:
+        over_retrieved = self._over_retrieved
+        out: list[float | None] = []
+        append = out.append
+        for case in cases:
+            ref = case.reference_context_ids
+            ret = case.retrieved_context_ids
+            if ret is None:
+                ret = case.retrieved_ids()
+            if not ref or ret is None or (over_retrieved and not ret):
+                append(None)  # missing_inputs() gives a reason
+                continue
+            base, other = (set(ret), ref) if over_retrieved else (set(ref), ret)
+            append(len(base.intersection(other)) / len(base))
+        return out
+
     @staticmethod
     def _sets(case: RAGCase) -> tuple[set[str], set[str]]:
         # The case's validators already made every id a str.
@@ -37,21 +57,6 @@ class _IDMetric(JudgeFreeMetric):
 
 class IDContextRecall(_IDMetric):
     name = "id_context_recall"
-
-    def _fast_scores(self, cases: Sequence[RAGCase]) -> list[float | None]:
-        out: list[float | None] = []
-        append = out.append
-        for case in cases:
-            ref = case.reference_context_ids
-            ret = case.retrieved_context_ids
-            if ret is None:
-                ret = case.retrieved_ids()
-            if not ref or ret is None:  # missing_inputs() gives a reason
-                append(None)
-                continue
-            wanted = set(ref)
-            append(len(wanted.intersection(ret)) / len(wanted))
-        return out
 
     def _score_now(self, case: RAGCase) -> Outcome:
         ref, ret = self._sets(case)
@@ -69,27 +74,13 @@ class IDContextRecall(_IDMetric):
 
 class IDContextPrecision(_IDMetric):
     name = "id_context_precision"
+    _over_retrieved = True
 
     def missing_inputs(self, case: RAGCase) -> str | None:
         missing = super().missing_inputs(case)
         if missing is None and not case.retrieved_ids():
             return "no document was retrieved"
         return missing
-
-    def _fast_scores(self, cases: Sequence[RAGCase]) -> list[float | None]:
-        out: list[float | None] = []
-        append = out.append
-        for case in cases:
-            ref = case.reference_context_ids
-            ret = case.retrieved_context_ids
-            if ret is None:
-                ret = case.retrieved_ids()
-            if not ref or not ret:  # missing_inputs() gives a reason
-                append(None)
-                continue
-            got = set(ret)
-            append(len(got.intersection(ref)) / len(got))
-        return out
 
     def _score_now(self, case: RAGCase) -> Outcome:
         ref, ret = self._sets(case)

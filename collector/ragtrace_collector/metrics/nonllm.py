@@ -14,8 +14,9 @@ The similarity threshold is ``similarity_threshold`` when set, else ``threshold`
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from rapidfuzz.distance import Hamming, Indel, Jaro, JaroWinkler, Levenshtein
 
@@ -55,7 +56,45 @@ def best_similarities(
     return [max([sim(q, c) for c in choices]) for q in queries]
 
 
+def _matches(
+    query: str, choices: Sequence[str], sim: Similarity, cut: float, *, inclusive: bool
+) -> bool:
+    """Whether some choice is over (``inclusive``: at or over) the cut-off; stops at the
+    first, and lets rapidfuzz stop computing a similarity that cannot reach it."""
+    floor = max(0.0, cut - _CUTOFF_MARGIN)
+    for choice in choices:
+        s = sim(query, choice, score_cutoff=floor)
+        if s > cut or (inclusive and s >= cut):
+            return True
+    return False
+
+
 class _NonLLM(JudgeFreeMetric):
+    #: precision needs a retrieved node to rank (see missing_inputs()).
+    _needs_retrieved: ClassVar[bool] = False
+
+    def _fast_scores(self, cases: Sequence[RAGCase]) -> list[float | None]:
+        # score_texts() without computing every similarity.
+        cut = self.similarity_threshold
+        sim = SIMILARITIES[self.options.distance]
+        needs_retrieved = self._needs_retrieved
+        out: list[float | None] = []
+        for case in cases:
+            reference = case.reference_contexts
+            retrieval = case.retrieval_context
+            if not reference or retrieval is None or (needs_retrieved and not retrieval):
+                out.append(None)  # missing_inputs() gives a reason
+                continue
+            retrieved = [c.content for c in retrieval]
+            out.append(self._fast_score(retrieved, reference, sim, cut))
+        return out
+
+    @abc.abstractmethod
+    def _fast_score(
+        self, retrieved: list[str], reference: list[str], sim: Similarity, cut: float
+    ) -> float:
+        """The score of a case whose inputs are present, as score_texts() gives it."""
+
     @property
     def similarity_threshold(self) -> float:
         o = self.options
@@ -74,29 +113,11 @@ class _NonLLM(JudgeFreeMetric):
 class NonLLMContextRecall(_NonLLM):
     name = "non_llm_context_recall"
 
-    def _fast_scores(self, cases: Sequence[RAGCase]) -> list[float | None]:
-        # score_texts() without the similarities: a reference context is recalled at
-        # its first retrieved context over the cut-off, and rapidfuzz may stop computing
-        # a similarity that cannot reach it.
-        cut = self.similarity_threshold
-        floor = max(0.0, cut - _CUTOFF_MARGIN)
-        sim = SIMILARITIES[self.options.distance]
-        out: list[float | None] = []
-        for case in cases:
-            reference = case.reference_contexts
-            retrieval = case.retrieval_context
-            if not reference or retrieval is None:  # missing_inputs() gives a reason
-                out.append(None)
-                continue
-            retrieved = [c.content for c in retrieval]
-            recalled = 0
-            for wanted in reference:
-                for text in retrieved:
-                    if sim(wanted, text, score_cutoff=floor) > cut:
-                        recalled += 1
-                        break
-            out.append(recalled / len(reference))
-        return out
+    def _fast_score(
+        self, retrieved: list[str], reference: list[str], sim: Similarity, cut: float
+    ) -> float:
+        recalled = [_matches(r, retrieved, sim, cut, inclusive=False) for r in reference]
+        return sum(recalled) / len(reference)
 
     def _score_now(self, case: RAGCase) -> Outcome:
         return self.score_texts(case.context_texts(), case.reference_contexts or [])
@@ -121,37 +142,20 @@ class NonLLMContextRecall(_NonLLM):
 
 class NonLLMContextPrecision(_NonLLM):
     name = "non_llm_context_precision"
+    _needs_retrieved = True
+
+    def _fast_score(
+        self, retrieved: list[str], reference: list[str], sim: Similarity, cut: float
+    ) -> float:
+        return average_precision(
+            [_matches(r, reference, sim, cut, inclusive=True) for r in retrieved]
+        )
 
     def missing_inputs(self, case: RAGCase) -> str | None:
         missing = super().missing_inputs(case)
         if missing is None and not case.retrieval_context:
             return "nothing was retrieved: no ranking to score"
         return missing
-
-    def _fast_scores(self, cases: Sequence[RAGCase]) -> list[float | None]:
-        # score_texts() without the similarities: a retrieved node is relevant at its
-        # first reference context at or over the cut-off (see NonLLMContextRecall).
-        cut = self.similarity_threshold
-        floor = max(0.0, cut - _CUTOFF_MARGIN)
-        sim = SIMILARITIES[self.options.distance]
-        out: list[float | None] = []
-        for case in cases:
-            reference = case.reference_contexts
-            retrieval = case.retrieval_context
-            if not reference or not retrieval:  # missing_inputs() gives a reason
-                out.append(None)
-                continue
-            relevant: list[int] = []
-            for node in retrieval:
-                text = node.content
-                hit = 0
-                for wanted in reference:
-                    if sim(text, wanted, score_cutoff=floor) >= cut:
-                        hit = 1
-                        break
-                relevant.append(hit)
-            out.append(average_precision(relevant))
-        return out
 
     def _score_now(self, case: RAGCase) -> Outcome:
         return self.score_texts(case.context_texts(), case.reference_contexts or [])
