@@ -25,6 +25,7 @@ from ragtrace_collector.evaluate import (
 from ragtrace_collector.metrics import JudgeFreeMetric, build_metric
 from ragtrace_collector.metrics.base import Outcome
 from ragtrace_collector.metrics.ids import IDContextRecall
+from ragtrace_collector.metrics.nonllm import SIMILARITIES, best_similarities
 
 from .conftest import case
 
@@ -87,7 +88,7 @@ def test_fast_scores_equal_the_full_results(name: str, strict: bool) -> None:
     ),
     cut=st.sampled_from([0.0, 0.25, 1 / 3, 0.5, 0.6, 2 / 3, 0.75, 0.8, 1.0]),
 )
-def test_fast_non_llm_scores_at_and_around_the_cut(
+def test_fast_non_llm_scores_at_the_cut(
     name: str, distance: str, data: list[tuple[list[str], list[str]]], cut: float
 ) -> None:
     # Short texts over three letters: similarities land exactly on the cut often.
@@ -213,3 +214,17 @@ def test_evaluate_rows_leaves_the_items_of_a_judge_free_batch_unbuilt() -> None:
     assert len(report.row_errors) == 1
     assert report.scores("id_context_precision") == [0.5]
     assert [item.results[0].score for item in report.items] == [1.0]
+
+
+@pytest.mark.parametrize("distance", DISTANCES)
+@settings(max_examples=60, deadline=None)
+@given(
+    queries=st.lists(st.text("abc", max_size=6), max_size=4),
+    choices=st.lists(st.text("abc", max_size=6), max_size=4),
+)
+def test_best_similarities_is_the_maximum_of_the_similarity(
+    distance: str, queries: list[str], choices: list[str]
+) -> None:
+    sim = SIMILARITIES[distance]
+    expected = [max([sim(q, c) for c in choices], default=0.0) for q in queries]
+    assert best_similarities(queries, choices, sim) == expected

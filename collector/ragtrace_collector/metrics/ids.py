@@ -12,7 +12,7 @@ An empty denominator, or an empty reference id list, is *skipped*.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ragtrace_collector.cases import RAGCase
 from ragtrace_collector.metrics.base import JudgeFreeMetric, Outcome
@@ -33,7 +33,7 @@ class _IDMetric(JudgeFreeMetric):
     #: precision: the share of the distinct retrieved ids; recall: of the reference ids.
     _over_retrieved: ClassVar[bool] = False
 
-    def _fast_scores(self, cases: Sequence[RAGCase]) -> list[float | None]:
+    def _fast_scores(self, cases: Sequence[RAGCase], memos: list[Any]) -> list[float | None]:
         over_retrieved = self._over_retrieved
         out: list[float | None] = []
         append = out.append
