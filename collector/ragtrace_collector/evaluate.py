@@ -392,6 +392,10 @@ def _item_result(
     )
 
 
+def _line_of(lines: Sequence[int] | None, index: int) -> int | None:
+    return lines[index] if lines is not None and index < len(lines) else None
+
+
 class _Pending:
     """The items of a judge-free batch as score columns (one per metric, over the
     batch's cases in order): :class:`EvalReport` builds the :class:`ItemResult` objects
@@ -427,8 +431,7 @@ class _Pending:
             per_metric = [iter(column.results(cases)) for column in self.columns]
             for index, item in enumerate(todo):
                 scored = [next(r) for r in per_metric] if isinstance(item, RAGCase) else []
-                line = lines[index] if lines is not None and index < len(lines) else None
-                out.append(_item_result(index, item, line, scored))
+                out.append(_item_result(index, item, _line_of(lines, index), scored))
         return out
 
 
@@ -505,9 +508,6 @@ async def evaluate(
     now = [isinstance(m, JudgeFreeMetric) and m.kind == "case" for m in chosen]
     results: list[ItemResult | None] = [None] * len(todo)
 
-    def line_of(index: int) -> int | None:
-        return lines[index] if lines is not None and index < len(lines) else None
-
     if all(now) and on_item is None:
         columns = await _score_columns(todo, cast("list[JudgeFreeMetric]", chosen))
         names = [m.name for m in chosen]
@@ -534,7 +534,7 @@ async def evaluate(
             per_metric = [iter(m.measure_many(cases)) for m in immediate]
             for index, item in enumerate(chunk, start):
                 scored = [next(r) for r in per_metric] if isinstance(item, RAGCase) else []
-                done = _item_result(index, item, line_of(index), scored)
+                done = _item_result(index, item, _line_of(lines, index), scored)
                 results[index] = done
                 if on_item is not None:
                     on_item(done)
@@ -555,7 +555,10 @@ async def evaluate(
             for index in queue:
                 item = todo[index]
                 done = _item_result(
-                    index, item, line_of(index), await _measure_item(chosen, now, item, judge)
+                    index,
+                    item,
+                    _line_of(lines, index),
+                    await _measure_item(chosen, now, item, judge),
                 )
                 results[index] = done
                 if on_item is not None:

@@ -217,10 +217,10 @@ def test_evaluate_rows_leaves_the_items_of_a_judge_free_batch_unbuilt() -> None:
 
 
 @pytest.mark.parametrize("distance", DISTANCES)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
-    queries=st.lists(st.text("abc", max_size=6), max_size=4),
-    choices=st.lists(st.text("abc", max_size=6), max_size=4),
+    queries=st.lists(st.text("abcd", max_size=8), max_size=4),
+    choices=st.lists(st.text("abcd", max_size=8), max_size=4),
 )
 def test_best_similarities_is_the_maximum_of_the_similarity(
     distance: str, queries: list[str], choices: list[str]

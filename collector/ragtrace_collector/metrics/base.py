@@ -385,9 +385,11 @@ class ScoreColumn:
         """Append the column of the next cases of the batch."""
         offset = len(self.scores)
         if other.memos is not None or self.memos is not None:
-            # Only the built results of one side can lack a memo, and they need none.
-            self.memos = (self.memos or [None] * offset) + (
-                other.memos or [None] * len(other.scores)
+            # Only built results can lack a memo, and they need none.
+            if self.memos is None:
+                self.memos = [None] * offset
+            self.memos.extend(
+                other.memos if other.memos is not None else [None] * len(other.scores)
             )
         self.scores.extend(other.scores)
         for index, result in other.built.items():

@@ -49,15 +49,25 @@ SIMILARITIES: dict[str, Similarity] = {
 }
 
 
+#: The similarities that extractOne computes bit for bit as a call per pair does.
+_EXACT_WITH_EXTRACT_ONE = frozenset(
+    SIMILARITIES[name] for name in ("levenshtein", "hamming", "indel")
+)
+
+
 def best_similarities(
     queries: Sequence[str], choices: Sequence[str], sim: Similarity
 ) -> list[float]:
     """For each query, its maximum similarity over ``choices`` (0.0 when none).
 
-    ``max(sim(q, c) for c in choices)``, through rapidfuzz's ``extractOne``, which
-    prepares each query once for all the choices (the same values, faster)."""
+    ``max(sim(q, c) for c in choices)``; for the similarities computed from an integer
+    distance, through rapidfuzz's ``extractOne``, which prepares each query once for
+    all the choices (the same values, faster; for jaro and jaro_winkler it can differ
+    in the last bit, so those do not use it)."""
     if not choices:
         return [0.0] * len(queries)
+    if sim not in _EXACT_WITH_EXTRACT_ONE:
+        return [max([sim(q, c) for c in choices]) for q in queries]
     out: list[float] = []
     for q in queries:
         best = _extract_one(q, choices, scorer=sim, processor=None)
