@@ -10,7 +10,8 @@ through
   from the hash-pinned ``tools/ragas.lock.txt`` by ``scripts/_env.sh``'s
   ``ensure_ragas``, so that Ragas never enters the project's lock), and
 * ``ragtrace_collector.evaluate.evaluate()`` with the matching metric, one batch per
-  metric (``asyncio.run(evaluate(cases, [name], None))``, the whole call timed),
+  metric (``asyncio.run(evaluate(cases, [name], None))`` and then
+  ``report.scores(name)``, both timed),
 
 back to back in one invocation, best of ``--repeat`` runs each.  Time is the CPU time of
 the process (``time.process_time``), so that other load on the machine distorts the
@@ -18,6 +19,11 @@ figures less; on a quiet machine it is the wall time.  It prints µs per case
 for both, the ratio, and the largest absolute difference between the two scores of a
 sample (Ragas adds 1e-10 to the denominator of its average precision, so about 1e-10
 there is agreement).  Samples are built before the clocks start on both sides.
+
+A judge-free ``evaluate()`` batch builds the per-item result objects
+(``report.items``: an ``ItemResult`` with a full ``MetricResult``, reason and details
+per case) only when they are first read; the column "+items us" is what reading
+them costs on top, per case, and "ratio+items" the ratio with it included.
 
 Run: ``.venv/bin/python benchmarks/nonllm_vs_ragas.py [--cases N] [--repeat R]``
 (``--ragas-python PATH`` to use an existing Ragas interpreter instead of building one).
@@ -112,15 +118,24 @@ def run_ragas(python: str, data: Path, repeat: int, names: list[str]) -> dict[st
     return result
 
 
-def run_ragtrace(cases: list[RAGCase], name: str, repeat: int) -> tuple[float, list[float | None]]:
-    best = math.inf
+def run_ragtrace(
+    cases: list[RAGCase], name: str, repeat: int
+) -> tuple[float, float, list[float | None]]:
+    """(best seconds of evaluate() + scores, best seconds of then building the items,
+    the scores)."""
+    best = best_items = math.inf
     scores: list[float | None] = []
     for _ in range(repeat):
         started = time.process_time()
         report = asyncio.run(evaluate(cases, [name], None))
-        best = min(best, time.process_time() - started)
-        scores = [item.results[0].score for item in report.items]
-    return best, scores
+        scores = report.scores(name)
+        scored = time.process_time()
+        items = report.items
+        built = time.process_time()
+        best = min(best, scored - started)
+        best_items = min(best_items, built - scored)
+        assert [item.results[0].score for item in items] == scores
+    return best, best_items, scores
 
 
 def max_difference(ours: list[float | None], theirs: list[float | None]) -> tuple[float, int]:
@@ -161,22 +176,27 @@ def main() -> None:
 
     n = args.cases
     print(f"{n} samples: 5 retrieved x 2 reference contexts of ~200 chars, 5 x 3 ids of 20")
-    print(f"best of {args.repeat}; Ragas: single_turn_ascore per sample; ragtrace: evaluate()")
+    print(
+        f"best of {args.repeat}; Ragas: single_turn_ascore per sample; "
+        "ragtrace: evaluate() + report.scores(); CPU time per case"
+    )
     header = (
-        f"{'metric':28s} {'Ragas us':>10s} {'ragtrace us':>12s} {'ratio':>8s} {'max |diff|':>11s}"
+        f"{'metric':28s} {'Ragas us':>10s} {'ragtrace us':>12s} {'ratio':>8s} "
+        f"{'+items us':>10s} {'ratio+items':>12s} {'max |diff|':>11s}"
     )
     print(header)
     print("-" * len(header))
     for ragas_name, name in pairs.items():
         theirs = ragas[ragas_name]
-        seconds, scores = ours[name]
+        seconds, items_seconds, scores = ours[name]
         worst, one_sided = max_difference(scores, theirs["scores"])
         ragas_us = theirs["seconds"] / n * 1e6
         ours_us = seconds / n * 1e6
+        items_us = items_seconds / n * 1e6
         note = f"  ({one_sided} scored by one side only)" if one_sided else ""
         print(
             f"{name:28s} {ragas_us:10.2f} {ours_us:12.2f} {ragas_us / ours_us:7.1f}x "
-            f"{worst:11.2e}{note}"
+            f"{items_us:10.2f} {ragas_us / (ours_us + items_us):11.1f}x {worst:11.2e}{note}"
         )
 
 

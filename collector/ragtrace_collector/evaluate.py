@@ -20,9 +20,9 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ragtrace_collector.cases import Conversation, RAGCase
 from ragtrace_collector.judges.base import Judge
@@ -40,6 +40,7 @@ from ragtrace_collector.metrics import (
     JudgeFreeMetric,
     Metric,
     MetricOptions,
+    ScoreColumn,
     build_metrics,
     parse_metric_names,
 )
@@ -118,17 +119,63 @@ class EvalReport(BaseModel):
     row_errors: list[RowError] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     elapsed_s: float = 0.0
+    #: The items of a judge-free batch, until someone reads ``items`` (see _Pending).
+    _pending: _Pending | None = PrivateAttr(default=None)
+
+    if not TYPE_CHECKING:
+
+        def __getattribute__(self, name: str) -> Any:
+            # ``items`` of a judge-free batch is built on first use.  Everything that
+            # reads the fields (pydantic's dumps, ==, copies, pickling) goes through
+            # ``__dict__`` or ``__pydantic_private__``, so these names build it first.
+            if name in _BUILDS_ITEMS:
+                _build_pending(self)
+            return super().__getattribute__(name)
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            # What pydantic does for a field, without reading __dict__ (and so building
+            # the items) when the field is not ``items``.
+            if (
+                name != "items"
+                and name in EvalReport.model_fields
+                and _pending_of(self) is not None
+            ):
+                object.__getattribute__(self, "__dict__")[name] = value
+                object.__getattribute__(self, "__pydantic_fields_set__").add(name)
+                return
+            super().__setattr__(name, value)
 
     def __repr__(self) -> str:
         # Short: asyncio.run() formats the main task (and so its result) when it
         # restores the SIGINT handler, and a full repr of 10k items costs seconds.
         return (
             f"EvalReport(judge={self.judge!r}, metrics={self.metrics!r}, "
-            f"items={len(self.items)}, row_errors={len(self.row_errors)})"
+            f"items={self.item_count}, row_errors={len(self.row_errors)})"
         )
 
     @property
+    def item_count(self) -> int:
+        """``len(items)``, without building the items of a judge-free batch."""
+        pending = _pending_of(self)
+        return len(pending) if pending is not None else len(self.items)
+
+    def scores(self, metric: str) -> list[float | None]:
+        """Each item's score for ``metric``, in item order (None: skipped, errored, or
+        not measured on that item); read from the batch's score columns when the items
+        of a judge-free batch have not been built."""
+        pending = _pending_of(self)
+        if pending is not None:
+            return pending.scores(metric)
+        out: list[float | None] = []
+        for item in self.items:
+            result = item.result(metric)
+            out.append(None if result is None else result.score)
+        return out
+
+    @property
     def cost(self) -> Cost:
+        if _pending_of(self) is not None:
+            return Cost.none()  # a judge-free batch calls no judge
         total = Cost()
         for item in self.items:
             for r in item.results:
@@ -144,7 +191,7 @@ class EvalReport(BaseModel):
         cost = self.cost
         return {
             "judge": self.judge,
-            "items": len(self.items),
+            "items": self.item_count,
             "row_errors": [str(e) for e in self.row_errors],
             "warnings": list(self.warnings),
             "elapsed_s": round(self.elapsed_s, 3),
@@ -164,6 +211,48 @@ class _Tally:
         self.scores: list[float] = []
         self.usd: float | None = 0.0
         self.heuristic = False
+
+    def add(self, r: MetricResult) -> None:
+        counts = self.counts
+        counts[0] += 1
+        if r.heuristic:
+            self.heuristic = True
+        c = r.cost
+        if c.calls or c.cached_calls or c.prompt_tokens or c.completion_tokens or c.usd != 0:
+            counts[5] += c.calls
+            counts[6] += c.cached_calls
+            counts[7] += c.prompt_tokens
+            counts[8] += c.completion_tokens
+            spent = self.usd
+            self.usd = None if spent is None or c.usd is None else spent + c.usd
+        if r.error is not None:
+            counts[4] += 1
+        elif r.skipped or r.score is None:
+            counts[3] += 1
+        else:
+            self.scores.append(r.score)
+            counts[1 if r.passed else 2] += 1
+
+    def add_column(self, column: ScoreColumn) -> None:
+        """A judge-free metric's column: the built results one by one, the others
+        (no judge, no cost, no error) from their scores."""
+        built = column.built
+        for r in built.values():
+            self.add(r)
+        scores = (
+            column.scores
+            if not built
+            else [s for i, s in enumerate(column.scores) if i not in built]
+        )
+        scored = [s for s in scores if s is not None]
+        threshold = column.metric.threshold
+        passed = sum(1 for s in scored if s >= threshold)
+        counts = self.counts
+        counts[0] += len(scores)
+        counts[1] += passed
+        counts[2] += len(scored) - passed
+        counts[3] += len(scores) - len(scored)
+        self.scores.extend(scored)
 
     def summary(self, metric: str) -> MetricSummary:
         count, passed, failed, skipped, errors, calls, cached, prompt, completion = self.counts
@@ -195,25 +284,7 @@ def summarise(metrics: Sequence[str], items: Iterable[ItemResult]) -> dict[str, 
             tally = tallies.get(r.metric)
             if tally is None:
                 tally = tallies[r.metric] = _Tally()
-            counts = tally.counts
-            counts[0] += 1
-            if r.heuristic:
-                tally.heuristic = True
-            c = r.cost
-            if c.calls or c.cached_calls or c.prompt_tokens or c.completion_tokens or c.usd != 0:
-                counts[5] += c.calls
-                counts[6] += c.cached_calls
-                counts[7] += c.prompt_tokens
-                counts[8] += c.completion_tokens
-                spent = tally.usd
-                tally.usd = None if spent is None or c.usd is None else spent + c.usd
-            if r.error is not None:
-                counts[4] += 1
-            elif r.skipped or r.score is None:
-                counts[3] += 1
-            else:
-                tally.scores.append(r.score)
-                counts[1 if r.passed else 2] += 1
+            tally.add(r)
     return {m: t.summary(m) for m, t in tallies.items()}
 
 
@@ -321,6 +392,93 @@ def _item_result(
     )
 
 
+def _line_of(lines: Sequence[int] | None, index: int) -> int | None:
+    return lines[index] if lines is not None and index < len(lines) else None
+
+
+class _Pending:
+    """The items of a judge-free batch as score columns (one per metric, over the
+    batch's cases in order): :class:`EvalReport` builds the :class:`ItemResult` objects
+    from them on first use of ``items`` (a few µs per item that a caller reading only
+    the summary or the scores never pays)."""
+
+    __slots__ = ("columns", "lines", "todo")
+
+    def __init__(
+        self, todo: list[Item], lines: Sequence[int] | None, columns: list[ScoreColumn]
+    ) -> None:
+        self.todo = todo
+        self.lines = lines
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.todo)
+
+    def scores(self, metric: str) -> list[float | None]:
+        column = next((c for c in self.columns if c.metric.name == metric), None)
+        if column is None:
+            return [None] * len(self.todo)
+        if len(column.scores) == len(self.todo):  # only cases
+            return list(column.scores)
+        scores = iter(column.scores)
+        return [next(scores) if isinstance(item, RAGCase) else None for item in self.todo]
+
+    def build(self) -> list[ItemResult]:
+        todo, lines = self.todo, self.lines
+        cases = [item for item in todo if isinstance(item, RAGCase)]
+        out: list[ItemResult] = []
+        with _gc_paused():
+            per_metric = [iter(column.results(cases)) for column in self.columns]
+            for index, item in enumerate(todo):
+                scored = [next(r) for r in per_metric] if isinstance(item, RAGCase) else []
+                out.append(_item_result(index, item, _line_of(lines, index), scored))
+        return out
+
+
+#: The attributes of an EvalReport whose reading builds its pending items first.
+_BUILDS_ITEMS = frozenset({"items", "__dict__", "__pydantic_private__"})
+
+
+def _pending_of(report: EvalReport) -> _Pending | None:
+    """The pending items of ``report``, read without building them."""
+    try:
+        private = object.__getattribute__(report, "__pydantic_private__")
+    except AttributeError:  # still in __init__
+        return None
+    pending: _Pending | None = private.get("_pending") if private else None
+    return pending
+
+
+def _build_pending(report: EvalReport) -> None:
+    """Build the pending items of ``report`` (a no-op when there are none)."""
+    pending = _pending_of(report)
+    if pending is not None:
+        private = object.__getattribute__(report, "__pydantic_private__")
+        fields = object.__getattribute__(report, "__dict__")
+        built = {**fields, "items": pending.build()}
+        # Back in field order: the JSON dumps follow the order of __dict__.
+        fields.clear()
+        fields.update({name: built.pop(name) for name in EvalReport.model_fields})
+        fields.update(built)
+        private["_pending"] = None
+
+
+async def _score_columns(todo: list[Item], metrics: Sequence[JudgeFreeMetric]) -> list[ScoreColumn]:
+    """Every metric's column over the cases of ``todo``, ``_CHUNK`` cases at a time,
+    letting the loop run every ``_SLICE_S``."""
+    cases = [item for item in todo if isinstance(item, RAGCase)]
+    columns = [ScoreColumn(m, []) for m in metrics]
+    deadline = time.perf_counter() + _SLICE_S
+    for start in range(0, len(cases), _CHUNK):
+        if time.perf_counter() > deadline:
+            await asyncio.sleep(0)  # let the loop serve I/O between slices
+            deadline = time.perf_counter() + _SLICE_S
+        chunk = cases[start : start + _CHUNK]
+        for column, metric in zip(columns, metrics, strict=True):
+            column.extend(metric.score_column(chunk))
+    return columns
+
+
 async def evaluate(
     items: Iterable[Item],
     metrics: Sequence[Metric | str] | None,
@@ -338,7 +496,9 @@ async def evaluate(
 
     Judge-free metrics (:class:`JudgeFreeMetric`) are scored synchronously, with no
     task per case; when every metric is judge-free, the whole batch runs in one
-    pass that yields to the event loop every few milliseconds.
+    pass that yields to the event loop every few milliseconds.  Without ``on_item``,
+    such a batch computes the scores and the summary only; ``report.items`` is built
+    from them when first read (``report.scores(metric)`` reads the scores without).
     """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
@@ -348,9 +508,22 @@ async def evaluate(
     now = [isinstance(m, JudgeFreeMetric) and m.kind == "case" for m in chosen]
     results: list[ItemResult | None] = [None] * len(todo)
 
-    def line_of(index: int) -> int | None:
-        return lines[index] if lines is not None and index < len(lines) else None
-
+    if all(now) and on_item is None:
+        columns = await _score_columns(todo, cast("list[JudgeFreeMetric]", chosen))
+        names = [m.name for m in chosen]
+        tallies = {name: _Tally() for name in names}
+        for column in columns:
+            tallies[column.metric.name].add_column(column)
+        report = EvalReport(
+            judge=judge.model if judge is not None else "none",
+            metrics=names,
+            items=[],
+            summary={name: tally.summary(name) for name, tally in tallies.items()},
+            elapsed_s=time.perf_counter() - started,
+        )
+        del report.__dict__["items"]  # built from the columns when first read
+        report._pending = _Pending(todo, lines, columns)
+        return report
     if all(now):
         immediate = cast("list[JudgeFreeMetric]", chosen)
 
@@ -361,7 +534,7 @@ async def evaluate(
             per_metric = [iter(m.measure_many(cases)) for m in immediate]
             for index, item in enumerate(chunk, start):
                 scored = [next(r) for r in per_metric] if isinstance(item, RAGCase) else []
-                done = _item_result(index, item, line_of(index), scored)
+                done = _item_result(index, item, _line_of(lines, index), scored)
                 results[index] = done
                 if on_item is not None:
                     on_item(done)
@@ -382,7 +555,10 @@ async def evaluate(
             for index in queue:
                 item = todo[index]
                 done = _item_result(
-                    index, item, line_of(index), await _measure_item(chosen, now, item, judge)
+                    index,
+                    item,
+                    _line_of(lines, index),
+                    await _measure_item(chosen, now, item, judge),
                 )
                 results[index] = done
                 if on_item is not None:

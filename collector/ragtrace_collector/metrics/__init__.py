@@ -24,6 +24,7 @@ from ragtrace_collector.metrics.base import (
     Metric,
     MetricBase,
     MetricOptions,
+    ScoreColumn,
     average_precision,
     normalise_verdict,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "JudgeFreeMetric",
     "Metric",
     "MetricOptions",
+    "ScoreColumn",
     "UnknownMetricError",
     "Window",
     "average_precision",

@@ -37,6 +37,7 @@ __all__ = [
     "MetricOptions",
     "Outcome",
     "Run",
+    "ScoreColumn",
     "average_precision",
     "normalise_verdict",
     "order_by_node",
@@ -306,7 +307,7 @@ class MetricBase(abc.ABC):
                 reason = HEURISTIC_PREFIX + reason
             passed: bool | None = None
             if score is not None:
-                score = min(1.0, max(0.0, float(score)))
+                score = min(1.0, max(0.0, float(score)))  # _clamp(), inlined
                 if strict and score < 1.0:
                     details = {**details, "unstrict_score": score}
                     score = 0.0
@@ -350,6 +351,64 @@ class MetricBase(abc.ABC):
         )
 
 
+def _clamp(score: float) -> float:
+    """A raw score as the result holds it: a float in [0, 1]."""
+    return min(1.0, max(0.0, float(score)))
+
+
+class ScoreColumn:
+    """One judge-free metric's results over a batch of cases, by position: the final
+    scores now, the full :class:`MetricResult` objects only when asked for.
+
+    ``scores[i]`` is exactly ``results[i].score`` (None: skipped or errored).
+    ``built`` holds the results that exist already (all of them when the metric has no
+    fast scorer, or a case made the fast scorer raise); :meth:`results` builds the
+    others with :meth:`JudgeFreeMetric.measure_many`, from the ``memos`` the fast
+    scorer kept when it kept some (what it computed that the results need too).
+    """
+
+    __slots__ = ("built", "memos", "metric", "scores")
+
+    def __init__(
+        self,
+        metric: JudgeFreeMetric,
+        scores: list[float | None],
+        built: dict[int, MetricResult] | None = None,
+        memos: list[Any] | None = None,
+    ) -> None:
+        self.metric = metric
+        self.scores = scores
+        self.built: dict[int, MetricResult] = built if built is not None else {}
+        self.memos = memos
+
+    def extend(self, other: ScoreColumn) -> None:
+        """Append the column of the next cases of the batch."""
+        offset = len(self.scores)
+        if other.memos is not None or self.memos is not None:
+            # Only built results can lack a memo, and they need none.
+            if self.memos is None:
+                self.memos = [None] * offset
+            self.memos.extend(
+                other.memos if other.memos is not None else [None] * len(other.scores)
+            )
+        self.scores.extend(other.scores)
+        for index, result in other.built.items():
+            self.built[offset + index] = result
+
+    def results(self, cases: Sequence[RAGCase]) -> list[MetricResult]:
+        """The full results of ``cases`` (the cases this column was scored from)."""
+        built = self.built
+        if len(built) == len(cases):
+            return [built[i] for i in range(len(cases))]
+        todo = [i for i in range(len(cases)) if i not in built]
+        memos = None if self.memos is None else [self.memos[i] for i in todo]
+        fresh = self.metric.measure_many([cases[i] for i in todo], memos)
+        if not built:
+            return fresh
+        by_index = dict(zip(todo, fresh, strict=True))
+        return [built[i] if i in built else by_index[i] for i in range(len(cases))]
+
+
 class JudgeFreeMetric(MetricBase):
     """A case metric that never calls a judge, scored synchronously.
 
@@ -375,20 +434,58 @@ class JudgeFreeMetric(MetricBase):
         """The result for ``case`` (never raises: a bug becomes an error result)."""
         return self.measure_many((case,))[0]
 
-    def measure_many(self, cases: Iterable[RAGCase]) -> list[MetricResult]:
+    def _fast_scores(self, cases: Sequence[RAGCase], memos: list[Any]) -> list[float | None] | None:
+        """The raw scores of ``cases`` (None: skipped), computed without building a
+        result, or None when this metric has no such fast path (the default).
+
+        A metric implements it only when :meth:`_score_now` is a pure function of the
+        case and the options, so that :meth:`ScoreColumn.results` can build the
+        results later; each score must equal ``_score_now(case).score``, and a case is
+        None exactly when :meth:`missing_inputs` gives a reason.  It may append one
+        value per case to ``memos`` (or none at all), which :meth:`_score_memo` gets
+        back.  It may raise: the batch then falls back to :meth:`measure_many`.
+        """
+        return None
+
+    def _score_memo(self, case: RAGCase, memo: Any) -> Outcome:
+        """:meth:`_score_now`, given what :meth:`_fast_scores` kept for ``case``."""
+        return self._score_now(case)
+
+    def score_column(self, cases: Sequence[RAGCase]) -> ScoreColumn:
+        """The results of ``cases`` as a :class:`ScoreColumn`: for a metric with a fast
+        scorer, only the final scores (clamped to [0, 1]; 0 under ``strict`` unless
+        1), the results themselves built when asked for."""
+        memos: list[Any] = []
+        try:
+            raw = self._fast_scores(cases, memos)
+        except Exception:  # the slow path records the error result of the case
+            raw = None
+        if raw is None:
+            results = self.measure_many(cases)
+            return ScoreColumn(self, [r.score for r in results], dict(enumerate(results)))
+        if self.options.strict:
+            scores = [None if s is None else (1.0 if _clamp(s) >= 1.0 else 0.0) for s in raw]
+        else:
+            scores = [None if s is None else _clamp(s) for s in raw]
+        return ScoreColumn(self, scores, memos=memos if len(memos) == len(cases) else None)
+
+    def measure_many(
+        self, cases: Iterable[RAGCase], memos: Sequence[Any] | None = None
+    ) -> list[MetricResult]:
         """The results of ``cases``, in order; what is the same for every case is
-        looked up once."""
+        looked up once.  ``memos``: what :meth:`_fast_scores` kept, one per case."""
         build = self._builder(Cost.none(), "none", False)
         missing_inputs = self.missing_inputs
         score_now = self._score_now
+        score_memo = self._score_memo
         out: list[MetricResult] = []
-        for case in cases:
+        for index, case in enumerate(cases):
             missing = missing_inputs(case)
             if missing is not None:
                 out.append(build(None, missing, {}))
                 continue
             try:
-                outcome = score_now(case)
+                outcome = score_now(case) if memos is None else score_memo(case, memos[index])
             except Exception as exc:  # a bug must not stop the other metrics
                 error = f"internal: {type(exc).__name__}: {exc}"
                 out.append(self.error_result(error, Run(None)))

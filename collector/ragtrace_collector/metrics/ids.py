@@ -11,6 +11,9 @@ An empty denominator, or an empty reference id list, is *skipped*.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
 from ragtrace_collector.cases import RAGCase
 from ragtrace_collector.metrics.base import JudgeFreeMetric, Outcome
 
@@ -26,6 +29,25 @@ class _IDMetric(JudgeFreeMetric):
         if case.retrieved_ids() is None:
             return "no retrieved document ids captured"
         return None
+
+    #: precision: the share of the distinct retrieved ids; recall: of the reference ids.
+    _over_retrieved: ClassVar[bool] = False
+
+    def _fast_scores(self, cases: Sequence[RAGCase], memos: list[Any]) -> list[float | None]:
+        over_retrieved = self._over_retrieved
+        out: list[float | None] = []
+        append = out.append
+        for case in cases:
+            ref = case.reference_context_ids
+            ret = case.retrieved_context_ids
+            if ret is None:
+                ret = case.retrieved_ids()
+            if not ref or ret is None or (over_retrieved and not ret):
+                append(None)  # missing_inputs() gives a reason
+                continue
+            base, other = (set(ret), ref) if over_retrieved else (set(ref), ret)
+            append(len(base.intersection(other)) / len(base))
+        return out
 
     @staticmethod
     def _sets(case: RAGCase) -> tuple[set[str], set[str]]:
@@ -52,6 +74,7 @@ class IDContextRecall(_IDMetric):
 
 class IDContextPrecision(_IDMetric):
     name = "id_context_precision"
+    _over_retrieved = True
 
     def missing_inputs(self, case: RAGCase) -> str | None:
         missing = super().missing_inputs(case)
