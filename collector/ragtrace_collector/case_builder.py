@@ -198,9 +198,8 @@ class CaseRules:
             return any(self._span_may_hold(span) for span in spans)
         small: list[bytes] = []
         for span in spans:
-            blob = span.SerializeToString()
-            if len(blob) <= _SEARCH_LIMIT:
-                small.append(blob)
+            if span.ByteSize() <= _SEARCH_LIMIT:  # sized without serialising a 10 MB span
+                small.append(span.SerializeToString())
             elif self._span_may_hold(span):
                 return True
         data = b"".join(small)

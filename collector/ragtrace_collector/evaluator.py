@@ -261,14 +261,17 @@ class OnlineEvaluator(Component):
         if not self.config.enabled or trace.late or self._draining:
             forward(trace)
             return
-        if not may_hold_case((s for g in trace.groups for s in g.spans), self._case_rules):
-            forward(trace)  # not RAG (no retriever, no case span): unscored, at once
-            return
         if trace.span_count > _THREAD_BUILD_SPANS:
-            # Decoding a huge trace's attributes would hold the loop: do it in a thread.
-            task = asyncio.create_task(self._submit_large(trace, forward))
+            # Even the prefilter over a huge trace would hold the loop, and decoding
+            # its attributes more so: both run in a thread.
+            task = self._supervisor.run_once(
+                self, self._submit_large(trace, forward), name="ragtrace-eval-large-trace"
+            )
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+            return
+        if not may_hold_case((s for g in trace.groups for s in g.spans), self._case_rules):
+            forward(trace)  # not RAG (no retriever, no case span): unscored, at once
             return
         cases, groups_of = self._build(trace)
         self._admit(trace, forward, cases, groups_of)
@@ -446,7 +449,9 @@ class OnlineEvaluator(Component):
         if not carrier_mode:
             job.forward(job.trace)
         if late:
-            finisher = asyncio.create_task(self._finish_late(job, late, started))
+            finisher = self._supervisor.run_once(
+                self, self._finish_late(job, late, started), name="ragtrace-eval-late-results"
+            )
             self._background.add(finisher)
             finisher.add_done_callback(self._background.discard)
 
