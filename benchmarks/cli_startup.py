@@ -42,6 +42,7 @@ def main() -> None:
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # a user's install has bytecode caches
     env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
     env["RAGTRACE_REFERENCE_FILE"] = str(ROOT / "examples/support_bot/data/golden.jsonl")
+    env["RAGTRACE_BEARER_TOKEN"] = "benchmark-token"  # the shipped config requires one
     baseline = _median_seconds([sys.executable, "-c", "import pydantic, yaml"], env, args.repeat)
     runs = {
         "--help": [str(COLLECTOR), "--help"],
