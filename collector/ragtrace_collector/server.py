@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -230,6 +231,7 @@ class CollectorService:
             raise StartupError("\n".join(problems))
         where = {e.key: e for e in self.endpoints()}
 
+        _freeze_startup_heap()
         self.loop_monitor.start()
         try:
             if self.admin is not None:
@@ -421,6 +423,19 @@ def _on_signal(sig: signal.Signals, stop: asyncio.Event, log: Any) -> None:
         return
     log.info("signal_received", signal=sig.name)
     stop.set()
+
+
+def _freeze_startup_heap() -> None:
+    """Move every object alive after start-up (the imported modules of pydantic, litellm,
+    grpc...: about 400,000 objects) out of the cyclic garbage collector's reach.
+
+    A full collection walks every tracked object: with that heap it takes about 0.3 s,
+    holding the interpreter lock, so it stalled the event loop whenever enough new
+    objects (one large request's spans) triggered it.  Frozen objects are still freed by
+    reference counting; only cycles among them are never collected, and start-up makes
+    no garbage that matters.  Done before any port listens."""
+    gc.collect()
+    gc.freeze()
 
 
 def serve_command(config_path: Path | None, overrides: Mapping[str, str] | None = None) -> int:

@@ -14,7 +14,11 @@
 from __future__ import annotations
 
 import gzip
+import json
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -301,3 +305,44 @@ def test_connections_over_the_cap_get_503_and_are_closed(sink: OtlpSink, tmp_pat
             sock.close()
     finally:
         collector.kill()
+
+
+_FREEZE_PROBE = """
+import asyncio, gc, json
+from ragtrace_collector.pipeline import PassThroughProcessor
+from ragtrace_collector.server import CollectorService
+from tests.collector.harness import collector_config
+
+async def main():
+    config = collector_config(exporters={"b": {"type": "file", "path": "/dev/null"}})
+    service = CollectorService(config, processor=PassThroughProcessor())
+    await service.start()
+    try:
+        counts = {"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects())}
+        print("GC " + json.dumps(counts))
+    finally:
+        await service.stop()
+
+asyncio.run(main())
+"""
+
+
+def test_the_start_up_heap_is_out_of_the_garbage_collectors_reach() -> None:
+    # A full collection walks every object the GC tracks, holding the interpreter lock:
+    # with the imported modules' ~400k objects that stalled the event loop for ~0.3 s
+    # whenever one large request's spans triggered it.  A fresh process, so that no
+    # earlier test has frozen this one's heap.
+    done = subprocess.run(
+        [sys.executable, "-c", _FREEZE_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("GC "))
+    counts = json.loads(line[3:])
+    assert counts["frozen"] > 50_000, counts
+    # What a collection still walks is what serving made since, a small fraction.
+    assert counts["tracked"] < counts["frozen"] / 10, counts
