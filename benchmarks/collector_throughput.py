@@ -567,6 +567,9 @@ def _evaluator(
     from ragtrace_collector.session_store import create_session_store
     from ragtrace_collector.telemetry import Telemetry
 
+    from ragtrace_collector.server import freeze_startup_heap
+
+    freeze_startup_heap()  # as serve does before it listens
     telemetry = Telemetry()
     config = EvaluationConfig(processes=processes, **evaluation)
     metrics = build_metrics(metric_names)

@@ -231,7 +231,7 @@ class CollectorService:
             raise StartupError("\n".join(problems))
         where = {e.key: e for e in self.endpoints()}
 
-        _freeze_startup_heap()
+        freeze_startup_heap()
         self.loop_monitor.start()
         try:
             if self.admin is not None:
@@ -425,7 +425,7 @@ def _on_signal(sig: signal.Signals, stop: asyncio.Event, log: Any) -> None:
     stop.set()
 
 
-def _freeze_startup_heap() -> None:
+def freeze_startup_heap() -> None:
     """Move every object alive after start-up (the imported modules of pydantic, litellm,
     grpc...: about 400,000 objects) out of the cyclic garbage collector's reach.
 
