@@ -564,10 +564,9 @@ def _evaluator(
     from ragtrace_collector.evaluator import EvaluationConfig, OnlineEvaluator
     from ragtrace_collector.metrics import build_metrics
     from ragtrace_collector.sampling import Sampler, SamplingConfig
+    from ragtrace_collector.server import freeze_startup_heap
     from ragtrace_collector.session_store import create_session_store
     from ragtrace_collector.telemetry import Telemetry
-
-    from ragtrace_collector.server import freeze_startup_heap
 
     freeze_startup_heap()  # as serve does before it listens
     telemetry = Telemetry()
