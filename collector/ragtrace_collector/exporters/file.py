@@ -45,7 +45,7 @@ class FileExporter(Exporter[ExportTraceServiceRequest]):
         self._keep = config.keep
 
     async def _encode(self, groups: Sequence[SpanGroup]) -> ExportTraceServiceRequest:
-        return build_request(groups)
+        return await asyncio.to_thread(build_request, groups)  # copies every span
 
     async def _send(self, payload: ExportTraceServiceRequest, spans: int) -> int:
         try:

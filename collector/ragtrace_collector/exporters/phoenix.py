@@ -284,6 +284,14 @@ class PhoenixExporter(OtlpHttpExporter):
 
     # ------------------------------------------------------------- encoding
     async def _encode(self, groups: Sequence[SpanGroup]) -> bytes:
+        # Encoding (and reading the annotations) runs in a thread, like the OTLP
+        # exporters'; choosing among them reads this exporter's state, on the loop.
+        body, annotations = await asyncio.to_thread(self._encode_batch, groups)
+        body.annotations = self._select(annotations)
+        return body
+
+    def _encode_batch(self, groups: Sequence[SpanGroup]) -> tuple[_Body, PhoenixAnnotations]:
+        """The request body and every annotation the spans carry (pure)."""
         keep_carriers = self._phoenix.carrier_spans
         kept: list[SpanGroup] = []
         dropped = False
@@ -321,9 +329,8 @@ class PhoenixExporter(OtlpHttpExporter):
                     if _EVAL_MARK in span.SerializeToString():
                         read_annotations(span, into=annotations)
         body = _Body(self._compress(raw))
-        body.annotations = self._select(annotations)
         body.empty = not kept
-        return body
+        return body, annotations
 
     def _select(self, annotations: PhoenixAnnotations) -> PhoenixAnnotations:
         """Apply the config switches; keep only the latest turn's conversation score."""
