@@ -35,6 +35,8 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from ragtrace_collector.piecewise import parse_in_pieces
+
 __all__ = [
     "CONTENT_TYPE_JSON",
     "CONTENT_TYPE_PROTOBUF",
@@ -229,12 +231,13 @@ def count_spans(request: ExportTraceServiceRequest) -> int:
 
 # ------------------------------------------------------------------------ decoding
 def decode_protobuf_request(body: bytes) -> ExportTraceServiceRequest:
-    request = ExportTraceServiceRequest()
+    """Parse a binary ExportTraceServiceRequest; a large one in pieces (see
+    :mod:`ragtrace_collector.piecewise`), so that no parse call holds the interpreter
+    lock for long."""
     try:
-        request.ParseFromString(body)
+        return parse_in_pieces(body)
     except (DecodeError, ValueError) as exc:  # upb raises DecodeError; be generous
         raise OtlpDecodeError(f"malformed protobuf ExportTraceServiceRequest: {exc}") from None
-    return request
 
 
 def decode_json_request(body: bytes) -> ExportTraceServiceRequest:
