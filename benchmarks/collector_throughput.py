@@ -564,11 +564,11 @@ def _evaluator(
     from ragtrace_collector.evaluator import EvaluationConfig, OnlineEvaluator
     from ragtrace_collector.metrics import build_metrics
     from ragtrace_collector.sampling import Sampler, SamplingConfig
-    from ragtrace_collector.server import freeze_startup_heap
+    from ragtrace_collector.server import tune_interpreter
     from ragtrace_collector.session_store import create_session_store
     from ragtrace_collector.telemetry import Telemetry
 
-    freeze_startup_heap()  # as serve does before it listens
+    tune_interpreter()  # as serve does before it listens
     telemetry = Telemetry()
     config = EvaluationConfig(processes=processes, **evaluation)
     metrics = build_metrics(metric_names)

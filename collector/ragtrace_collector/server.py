@@ -231,7 +231,7 @@ class CollectorService:
             raise StartupError("\n".join(problems))
         where = {e.key: e for e in self.endpoints()}
 
-        freeze_startup_heap()
+        tune_interpreter()
         self.loop_monitor.start()
         try:
             if self.admin is not None:
@@ -425,17 +425,29 @@ def _on_signal(sig: signal.Signals, stop: asyncio.Event, log: Any) -> None:
     stop.set()
 
 
-def freeze_startup_heap() -> None:
-    """Move every object alive after start-up (the imported modules of pydantic, litellm,
-    grpc...: about 400,000 objects) out of the cyclic garbage collector's reach.
+#: How long a thread may hold the interpreter lock while others wait (CPython's
+#: default is 5 ms).
+SWITCH_INTERVAL_S = 0.001
 
-    A full collection walks every tracked object: with that heap it takes about 0.3 s,
-    holding the interpreter lock, so it stalled the event loop whenever enough new
-    objects (one large request's spans) triggered it.  Frozen objects are still freed by
-    reference counting; only cycles among them are never collected, and start-up makes
-    no garbage that matters.  Done before any port listens."""
+
+def tune_interpreter() -> None:
+    """The interpreter settings ``serve`` runs with, set once before any port listens.
+
+    * **The start-up heap is frozen** out of the cyclic garbage collector's reach: the
+      objects alive after start-up (the imported modules of pydantic, litellm, grpc...:
+      about 400,000).  A full collection walks every tracked object: with that heap it
+      took about 0.3 s, holding the interpreter lock, and stalled the event loop
+      whenever enough new objects (one large request's spans) triggered one.  Frozen
+      objects are still freed by reference counting; only cycles among them are never
+      collected, and start-up makes no garbage that matters.
+    * **The switch interval is 1 ms**, not 5: decoding, prefiltering and encoding
+      threads hand the lock back to the event loop five times as often.  With one
+      100k-span request in flight, ``/healthz`` p99 fell from 45–65 ms to 11–13 ms;
+      pass-through throughput did not move measurably.
+    """
     gc.collect()
     gc.freeze()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def serve_command(config_path: Path | None, overrides: Mapping[str, str] | None = None) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from ragtrace_collector.server import SWITCH_INTERVAL_S
 from tests.collector.hostile import (
     PROTOBUF,
     LoadOutcome,
@@ -308,7 +309,7 @@ def test_connections_over_the_cap_get_503_and_are_closed(sink: OtlpSink, tmp_pat
 
 
 _FREEZE_PROBE = """
-import asyncio, gc, json
+import asyncio, gc, json, sys
 from ragtrace_collector.pipeline import PassThroughProcessor
 from ragtrace_collector.server import CollectorService
 from tests.collector.harness import collector_config
@@ -318,7 +319,11 @@ async def main():
     service = CollectorService(config, processor=PassThroughProcessor())
     await service.start()
     try:
-        counts = {"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects())}
+        counts = {
+            "frozen": gc.get_freeze_count(),
+            "tracked": len(gc.get_objects()),
+            "switch": sys.getswitchinterval(),
+        }
         print("GC " + json.dumps(counts))
     finally:
         await service.stop()
@@ -327,7 +332,7 @@ asyncio.run(main())
 """
 
 
-def test_the_start_up_heap_is_out_of_the_garbage_collectors_reach() -> None:
+def test_serve_freezes_the_start_up_heap_and_shortens_the_switch_interval() -> None:
     # A full collection walks every object the GC tracks, holding the interpreter lock:
     # with the imported modules' ~400k objects that stalled the event loop for ~0.3 s
     # whenever one large request's spans triggered it.  A fresh process, so that no
@@ -346,3 +351,5 @@ def test_the_start_up_heap_is_out_of_the_garbage_collectors_reach() -> None:
     assert counts["frozen"] > 50_000, counts
     # What a collection still walks is what serving made since, a small fraction.
     assert counts["tracked"] < counts["frozen"] / 10, counts
+    # Threads hand the interpreter lock back to the event loop every millisecond.
+    assert counts["switch"] == pytest.approx(SWITCH_INTERVAL_S), counts
