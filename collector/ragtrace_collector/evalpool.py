@@ -402,6 +402,11 @@ class EvaluationPool(Component):
         finally:
             if not read.done():
                 read.cancel()
+            elif not read.cancelled():
+                # A worker that died before the batch was written fails the write and
+                # the read alike; the write's error was handled above, so this one is
+                # only marked as seen (never "Task exception was never retrieved").
+                read.exception()
         self.stats.bytes_in += len(answer)
         self.report_ok()
         for item, (results, calls, annexes) in zip(batch, pickle.loads(answer), strict=True):

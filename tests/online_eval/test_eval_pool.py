@@ -254,6 +254,51 @@ async def test_killed_worker_is_replaced_and_its_trace_forwarded_with_the_error(
         await ev.drain()
 
 
+async def test_worker_dead_before_its_batch_is_replaced_with_no_unretrieved_exception() -> None:
+    """A worker that died while idle (OOM-killed between batches): writing the next
+    batch fails and the read of its answer fails too.  The batch goes to a
+    replacement, and neither failure surfaces as "Task exception was never
+    retrieved"."""
+    import gc
+
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, ctx: unhandled.append(ctx))
+    ev = _evaluator(1, ("id_context_recall",), inline_max_chars=0)
+    assert ev.pool is not None
+    pool = ev.pool
+    ev.start()
+    fwd = _Forwarded()
+    try:
+        for round_ in range(3):
+            ev.submit(_rag_trace(random.Random(10 + round_)), fwd)
+            await fwd.wait_for(2 * round_ + 1, limit=60)
+            (pid,) = pool.pids
+            os.kill(pid, signal.SIGKILL)
+            await _wait_until(lambda pid=pid: _gone(pid), 10, f"worker {pid} to die")
+            ev.submit(_rag_trace(random.Random(20 + round_)), fwd)
+            await fwd.wait_for(2 * round_ + 2, limit=60)
+            attrs = _rag_attrs(fwd.traces[-1])
+            assert attrs["ragtrace.eval.id_context_recall.score"] == pytest.approx(2 / 3)
+            assert pool.pids
+            assert pool.pids != [pid]
+        assert pool.stats.replaced == 3
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        await ev.drain()
+    assert unhandled == []
+
+
+def _gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie counts: its socket is closed)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
 async def test_hung_worker_is_replaced_and_the_case_scored_by_the_next() -> None:
     ev = _evaluator(1, ("contextual_recall",), metric_timeout=1.0)
     assert ev.pool is not None
