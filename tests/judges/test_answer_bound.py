@@ -165,3 +165,27 @@ async def test_a_plain_streamed_answer_under_the_limit_is_taken(
     judge = make_judge(api_base=base_url, max_answer_chars=1000)
     answer = await judge.ask(usefulness_task())
     assert [v.verdict for v in answer.value.verdicts] == ["no", "yes", "no"]
+
+
+async def test_an_answer_of_max_answer_chars_in_its_worst_escaping_is_taken(
+    openai_server: FakeOpenAIServer, make_judge: MakeJudge
+) -> None:
+    """Every character of the answer is one outside the Basic Multilingual Plane,
+    which the completion's JSON escapes as a 12-byte surrogate pair: an answer of
+    exactly ``max_answer_chars`` characters still passes the byte bound."""
+    max_chars = 20_000
+    answer = usefulness_answer("yes", "no", "yes")
+    short = json.dumps(answer, ensure_ascii=False)
+    answer["reason"] = "\N{GRINNING FACE}" * (max_chars - len(short) + len('"overall"') - 2)
+    content = json.dumps(answer, ensure_ascii=False)
+    assert len(content) == max_chars
+    # The fake server writes the completion with json.dumps, which escapes every
+    # non-ASCII character: this is the body on the wire.
+    assert len(_completion(content)) > 11 * max_chars
+    openai_server.enqueue(Reply.text(content))
+    judge = make_judge(max_answer_chars=max_chars)
+
+    taken = await judge.ask(usefulness_task())
+
+    assert [v.verdict for v in taken.value.verdicts] == ["yes", "no", "yes"]
+    assert openai_server.request_count == 1

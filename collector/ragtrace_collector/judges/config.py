@@ -68,7 +68,7 @@ class JudgeConfig(BaseModel):
     #: Longest judge answer taken, in characters; a longer one is refused unparsed
     #: (an ``invalid_response`` error on the metric), never truncated and scored.
     #: For models called through the OpenAI client (``openai/...``, any
-    #: OpenAI-compatible server) the HTTP answer is refused unread past 6 bytes per
+    #: OpenAI-compatible server) the HTTP answer is refused unread past 12 bytes per
     #: character plus 64 KiB, and when compressed.
     max_answer_chars: int = Field(default=200_000, ge=1)
     #: Maximum judge calls in flight for one judge instance.

@@ -76,8 +76,10 @@ _log = structlog.get_logger(__name__)
 
 _MAX_ECHO_CHARS = 4000
 _MAX_PROBLEM_CHARS = 600
-#: JSON escapes one character of text in at most 6 bytes (``\uXXXX``).
-_BYTES_PER_ANSWER_CHAR = 6
+#: The most bytes JSON takes for one character of the answer text: a character outside
+#: the Basic Multilingual Plane (one ``str`` character) escaped as a surrogate pair,
+#: ``\ud83d\ude00``.
+_BYTES_PER_ANSWER_CHAR = 12
 #: Room for the rest of a chat completion: ids, usage, choices, headers of JSON.
 _ANSWER_ENVELOPE_BYTES = 64 * 1024
 
