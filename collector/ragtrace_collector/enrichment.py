@@ -132,21 +132,6 @@ def _evaluation_keys(index: int) -> tuple[str, str, str, str, str]:
     )
 
 
-def _write(
-    out: list[bytes], attributes: Any, items: Sequence[tuple[str, Any]], existing: set[str]
-) -> None:
-    """Encode ``items`` as span attribute entries into ``out`` (merged into the span in
-    one call, :mod:`ragtrace_collector.protowire`); a key already on the span is
-    replaced in place instead."""
-    attribute = protowire.attribute
-    tag = protowire.SPAN_ATTRIBUTE
-    for key, value in items:
-        if key in existing:
-            set_attribute(attributes, key, value)
-        else:
-            out.append(attribute(tag, key, value))
-
-
 def _summary_items(summary: EvalSummary) -> list[tuple[str, Any]]:
     items: list[tuple[str, Any]] = [
         (semconv.EVAL_MODEL, summary.model),
@@ -249,9 +234,9 @@ def encode_result(
             if len(_SKIPPED) >= 1024:
                 _SKIPPED.clear()
             parts = _SKIPPED[key] = _encode_parts(r, index, extra, config)
-        attrs, head, tail = parts
-        return attrs + head + protowire.fixed64(now_ns) + tail if head else attrs
-    attrs, head, tail = _encode_parts(r, index, extra, config)
+    else:
+        parts = _encode_parts(r, index, extra, config)
+    attrs, head, tail = parts
     return attrs + head + protowire.fixed64(now_ns) + tail if head else attrs
 
 
@@ -306,11 +291,12 @@ def enrich_span(
     start = _next_evaluation(existing) if config.openinference else 0
     out: list[bytes] = []
     if config.flat:
-        _write(out, attributes, _summary_items(summary), existing)
+        out += protowire.span_attribute_entries(attributes, _summary_items(summary), existing)
     if config.flat and any(k.startswith(_EVAL_LEAD) and k not in _SPAN_KEYS for k in existing):
         # A second pass: this span already has flat results, which are replaced in place.
         for r in results:
-            _write(out, attributes, _flat_items(r, summary.extra.get(r.metric), limit), existing)
+            flat = _flat_items(r, summary.extra.get(r.metric), limit)
+            out += protowire.span_attribute_entries(attributes, flat, existing)
         flat_done = config.model_copy(update={"flat": False})
         for offset, r in enumerate(results):
             out.append(encode_result(r, start + offset, None, flat_done, now))

@@ -521,25 +521,10 @@ def _pack_payload(kind: ItemKind, payload: RAGCase | Conversation) -> Any:
 def _pack_work(work: CaseWork | None) -> _Packed | None:
     if work is None:
         return None
-    config = work.enrichment
-    flags = (
-        None
-        if config is None
-        else (config.flat, config.openinference, config.events, config.max_reason_chars)
-    )
-    # The same objects for every case of an evaluator: pickled once per batch (the
-    # pickler's memo), not once per case.
-    key = (flags, id(work.indices))
-    shared = _SHARED.get(key)
-    if shared is None or shared[0] is not work.indices:
-        if len(_SHARED) > 64:
-            _SHARED.clear()
-        shared = _SHARED[key] = (work.indices, (flags, dict(work.indices)))
+    # The config and the positions are the same objects for every case of an
+    # evaluator: the pickler's memo sends them once per batch, not once per case.
     sources = None if work.sources is None else [tuple(s) for s in work.sources]
-    return (sources, *shared[1])
-
-
-_SHARED: dict[tuple[Any, int], tuple[Mapping[str, int], tuple[Any, dict[str, int]]]] = {}
+    return (sources, work.enrichment, work.indices)
 
 
 def _unpack_case(packed: _Packed) -> RAGCase:
@@ -666,7 +651,7 @@ def _worker_main(
     sock: socket.socket, spec: tuple[tuple[str, dict[str, Any]], ...], progress: Any
 ) -> None:
     """A worker process: read a batch, score it, answer; exit when the socket closes."""
-    from ragtrace_collector.enrichment import EnrichmentConfig, case_extra, encode_result
+    from ragtrace_collector.enrichment import case_extra, encode_result
     from ragtrace_collector.judges.offline import OfflineJudge
     from ragtrace_collector.metrics import build_metric
 
@@ -676,8 +661,6 @@ def _worker_main(
     calls: list[tuple[str, float]] = []
     judge = OfflineJudge(on_call=lambda record: calls.append((record.task, record.latency_s)))
     loop = asyncio.new_event_loop()
-
-    configs: dict[tuple[Any, ...], EnrichmentConfig] = {}
 
     def annex(case: RAGCase, result: MetricResult, work: _Packed) -> _Packed | None:
         """(metric, extra keys, encoded result or None): see :class:`CaseWork`.  None
@@ -689,19 +672,13 @@ def _worker_main(
             return None
 
     def _annex(case: RAGCase, result: MetricResult, work: _Packed) -> _Packed:
-        sources, flags, positions = work
+        sources, config, positions = work
         extra = case_extra(
             result, case, None if sources is None else [DocumentSource(*s) for s in sources]
         )
         position = positions.get(result.metric)
-        if flags is None or position is None:
+        if config is None or position is None:
             return (result.metric, extra, None)
-        config = configs.get(flags)
-        if config is None:
-            flat, oi, events, limit = flags
-            config = configs[flags] = EnrichmentConfig(
-                flat=flat, openinference=oi, events=events, max_reason_chars=limit
-            )
         blob = encode_result(result, position, extra, config, time.time_ns())
         return (result.metric, extra, blob)
 

@@ -87,7 +87,7 @@ from ragtrace_collector.session_store import (
     SessionTurn,
     TurnContext,
 )
-from ragtrace_collector.spanattrs import attributes_to_dict, set_attributes
+from ragtrace_collector.spanattrs import attributes_to_dict
 from ragtrace_collector.telemetry import Telemetry
 
 __all__ = ["EvaluationConfig", "OnlineEvaluator", "ResultListener"]
@@ -331,19 +331,12 @@ class OnlineEvaluator(Component):
             forward(trace)
             return
         decision = self._sample(trace, cases, groups_of)
-        decision_attrs = decision.attributes().items()
-        encoded: bytes | None = None
+        decided = decision.attributes().items()
         for built in cases:
-            if built.attributes.keys().isdisjoint(decision.attributes()):
-                # The usual case: new keys, appended as wire bytes in one call.
-                if encoded is None:
-                    encoded = b"".join(
-                        protowire.attribute(protowire.SPAN_ATTRIBUTE, k, v)
-                        for k, v in decision_attrs
-                    )
-                built.span.MergeFromString(encoded)
-            else:
-                set_attributes(built.span.attributes, decision_attrs)
+            span = built.span
+            entries = protowire.span_attribute_entries(span.attributes, decided, built.attributes)
+            if entries:
+                span.MergeFromString(b"".join(entries))
         if not decision.sampled:
             if decision.outcome == "budget":
                 self._telemetry.eval_skipped.labels("budget").inc()

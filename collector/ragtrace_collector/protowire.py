@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Container, Iterable
 from typing import Any
 
 from opentelemetry.proto.common.v1 import common_pb2
@@ -33,6 +34,7 @@ __all__ = [
     "fixed64",
     "key_value",
     "length_delimited",
+    "span_attribute_entries",
     "string_field",
     "varint",
 ]
@@ -130,6 +132,21 @@ def attribute(tag: int, key: str, value: Any) -> bytes:
             _ENTRIES.clear()
         _ENTRIES[(tag, key, value)] = entry
     return entry
+
+
+def span_attribute_entries(
+    attributes: Any, items: Iterable[tuple[str, Any]], existing: Container[str]
+) -> list[bytes]:
+    """Span attribute entries for the ``items`` whose key is not in ``existing`` (the
+    keys already in ``attributes``), to merge into the span in one call; an item whose
+    key is there replaces that entry in place (OTLP keys are unique)."""
+    out: list[bytes] = []
+    for key, value in items:
+        if key in existing:
+            set_attribute(attributes, key, value)
+        else:
+            out.append(attribute(SPAN_ATTRIBUTE, key, value))
+    return out
 
 
 def event(time_unix_nano: int, name: str, attributes: list[tuple[str, Any]]) -> bytes:

@@ -442,7 +442,7 @@ def tune_interpreter() -> None:
       collected, and start-up makes no garbage that matters.
     * **The switch interval is 1 ms**, not 5: decoding, prefiltering and encoding
       threads hand the lock back to the event loop five times as often.  With one
-      100k-span request in flight, ``/healthz`` p99 fell from 45–65 ms to 11–13 ms;
+      100k-span request in flight, ``/healthz`` p99 fell from 45–65 ms to 14–21 ms;
       pass-through throughput did not move measurably.
     """
     gc.collect()

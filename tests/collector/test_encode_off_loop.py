@@ -68,7 +68,7 @@ async def test_the_request_is_built_off_the_event_loop(
 
     monkeypatch.setattr(module, "build_request", recording)
     exporter = build_exporter("x", config_type.model_validate(data), Telemetry())
-    payload = await exporter._encode(_groups())
+    payload = await exporter._prepare(_groups())
     assert payload, "the exporter encoded nothing"
     assert threads, f"{kind}: build_request was not called through its module"
     assert threading.get_ident() not in threads, f"{kind} built its request on the loop"

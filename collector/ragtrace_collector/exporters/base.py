@@ -353,7 +353,7 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
     async def _deliver(self, groups: Sequence[SpanGroup], count: int) -> None:
         loop = asyncio.get_running_loop()
         try:
-            payload = await self._encode(groups)
+            payload = await self._prepare(groups)
         except Exception as exc:  # a bug, not a backend problem: never lose silently
             self._drop(count, "encode_error")
             self._log.error("export_encode_failed", spans=count, error=repr(exc))
@@ -467,9 +467,22 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
     async def _close_client(self) -> None:
         """Release clients."""
 
+    async def _prepare(self, groups: Sequence[SpanGroup]) -> _Payload:
+        """What :meth:`_send` sends for a batch (made once per batch, retries
+        included): :meth:`_encode` in a thread, since copying and serialising a batch
+        (megabytes with large attributes) would hold the event loop, then
+        :meth:`_encoded` on the loop."""
+        return self._encoded(await asyncio.to_thread(self._encode, groups))
+
     @abc.abstractmethod
-    async def _encode(self, groups: Sequence[SpanGroup]) -> _Payload:
-        """Turn a batch into what :meth:`_send` sends (done once per batch)."""
+    def _encode(self, groups: Sequence[SpanGroup]) -> _Payload:
+        """Turn a batch into what :meth:`_send` sends.  Runs in a worker thread: it
+        must not touch state that the event loop changes."""
+
+    def _encoded(self, payload: _Payload) -> _Payload:
+        """Finish an encoded payload on the event loop (reading this exporter's
+        state); by default, nothing to do."""
+        return payload
 
     @abc.abstractmethod
     async def _send(self, payload: _Payload, spans: int) -> int:

@@ -44,8 +44,8 @@ class FileExporter(Exporter[ExportTraceServiceRequest]):
         self._max_bytes = config.max_bytes
         self._keep = config.keep
 
-    async def _encode(self, groups: Sequence[SpanGroup]) -> ExportTraceServiceRequest:
-        return await asyncio.to_thread(build_request, groups)  # copies every span
+    def _encode(self, groups: Sequence[SpanGroup]) -> ExportTraceServiceRequest:
+        return build_request(groups)
 
     async def _send(self, payload: ExportTraceServiceRequest, spans: int) -> int:
         try:

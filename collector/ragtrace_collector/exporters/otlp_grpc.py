@@ -7,7 +7,6 @@ sent a RetryInfo (it then says how long to wait).  Everything else is permanent.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -126,9 +125,8 @@ class OtlpGrpcExporter(Exporter[bytes]):
             await self._channel.close()
             self._channel = None
 
-    async def _encode(self, groups: Sequence[SpanGroup]) -> bytes:
-        # CPU work (megabytes with large attributes): off the event loop.
-        payload: bytes = await asyncio.to_thread(lambda: build_request(groups).SerializeToString())
+    def _encode(self, groups: Sequence[SpanGroup]) -> bytes:
+        payload: bytes = build_request(groups).SerializeToString()
         return payload
 
     async def _send(self, payload: bytes, spans: int) -> int:

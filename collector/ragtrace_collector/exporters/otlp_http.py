@@ -12,7 +12,6 @@ the status is the protocol's verdict, and is logged.
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import ssl
 import time
@@ -122,10 +121,8 @@ class OtlpHttpExporter(Exporter[bytes]):
             await self._session.close()
             self._session = None
 
-    async def _encode(self, groups: Sequence[SpanGroup]) -> bytes:
-        # Copying and serialising a batch (megabytes with large attributes) is CPU
-        # work: off the event loop.
-        return await asyncio.to_thread(lambda: self._serialize(build_request(groups)))
+    def _encode(self, groups: Sequence[SpanGroup]) -> bytes:
+        return self._serialize(build_request(groups))
 
     def _serialize(self, request: ExportTraceServiceRequest) -> bytes:
         return self._compress(request.SerializeToString())

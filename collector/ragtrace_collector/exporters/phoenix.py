@@ -283,15 +283,8 @@ class PhoenixExporter(OtlpHttpExporter):
         self._slots = asyncio.Semaphore(_MAX_ANNOTATING)
 
     # ------------------------------------------------------------- encoding
-    async def _encode(self, groups: Sequence[SpanGroup]) -> bytes:
-        # Encoding (and reading the annotations) runs in a thread, like the OTLP
-        # exporters'; choosing among them reads this exporter's state, on the loop.
-        body, annotations = await asyncio.to_thread(self._encode_batch, groups)
-        body.annotations = self._select(annotations)
-        return body
-
-    def _encode_batch(self, groups: Sequence[SpanGroup]) -> tuple[_Body, PhoenixAnnotations]:
-        """The request body and every annotation the spans carry (pure)."""
+    def _encode(self, groups: Sequence[SpanGroup]) -> bytes:
+        """The request body, carrying every annotation its spans hold (in a thread)."""
         keep_carriers = self._phoenix.carrier_spans
         kept: list[SpanGroup] = []
         dropped = False
@@ -329,8 +322,15 @@ class PhoenixExporter(OtlpHttpExporter):
                     if _EVAL_MARK in span.SerializeToString():
                         read_annotations(span, into=annotations)
         body = _Body(self._compress(raw))
+        body.annotations = annotations
         body.empty = not kept
-        return body, annotations
+        return body
+
+    def _encoded(self, payload: bytes) -> bytes:
+        # Choosing among the annotations reads this exporter's state: on the loop.
+        assert isinstance(payload, _Body)
+        payload.annotations = self._select(payload.annotations)
+        return payload
 
     def _select(self, annotations: PhoenixAnnotations) -> PhoenixAnnotations:
         """Apply the config switches; keep only the latest turn's conversation score."""

@@ -217,8 +217,9 @@ class LLMJudge:
         self._prompts = prompts if prompts is not None else PromptLibrary(config.prompt_dir)
         self._api_key = config.api_key()
         self._litellm = _import_litellm()
-        self._json_mode = config.json_mode and _supports_json_mode(self._litellm, config.model)
-        self._via_openai_client = _provider(self._litellm, config.model) == "openai"
+        named = _provider(self._litellm, config.model)
+        self._json_mode = config.json_mode and _supports_json_mode(self._litellm, named)
+        self._via_openai_client = named is not None and named[1] == "openai"
         # Loading the CA bundle takes tens of milliseconds: here, not on the loop when
         # each loop's client is built.
         self._tls = httpx.create_ssl_context() if self._via_openai_client else None
@@ -644,18 +645,20 @@ def _import_litellm() -> Any:
     return litellm
 
 
-def _provider(litellm: Any, model: str) -> str | None:
-    try:
-        _, provider, _, _ = litellm.get_llm_provider(model)
-    except Exception:
-        return None
-    return str(provider)
-
-
-def _supports_json_mode(litellm: Any, model: str) -> bool:
+def _provider(litellm: Any, model: str) -> tuple[str, str] | None:
+    """(model name, provider) as litellm resolves ``model``; None when it cannot."""
     try:
         name, provider, _, _ = litellm.get_llm_provider(model)
-        params = litellm.get_supported_openai_params(model=name, custom_llm_provider=provider)
+    except Exception:
+        return None
+    return str(name), str(provider)
+
+
+def _supports_json_mode(litellm: Any, named: tuple[str, str] | None) -> bool:
+    if named is None:
+        return False
+    try:
+        params = litellm.get_supported_openai_params(model=named[0], custom_llm_provider=named[1])
     except Exception:
         return False
     return bool(params) and "response_format" in params
