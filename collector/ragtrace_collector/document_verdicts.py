@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from ragtrace import semconv
 from ragtrace_collector.case_builder import DocumentSource
 from ragtrace_collector.cases import RAGCase
-from ragtrace_collector.results import MetricResult
+from ragtrace_collector.results import MetricResult, trusted
 
 __all__ = ["DocumentVerdict", "decode_verdicts", "document_verdicts", "encode_verdicts"]
 
@@ -71,18 +71,30 @@ def _by_rank(
         made = verdict(item)
         if made is None:
             continue
-        score, label, explanation = made
-        source = sources[rank - 1]
-        out.append(
-            DocumentVerdict(
-                span_id=source.span_id,
-                position=source.position,
-                score=score,
-                label=label,
-                explanation=_cut(explanation),
-            )
-        )
+        verdict_ = _verdict(sources[rank - 1], *made)
+        if verdict_ is not None:
+            out.append(verdict_)
     return out
+
+
+def _verdict(
+    source: DocumentSource, score: float, label: str | None, explanation: str
+) -> DocumentVerdict | None:
+    """A verdict built without validation: the span id is the hex of an id the receiver
+    checked (8 bytes), the position an index, and the score is checked here (a judge's
+    counts can give a share outside [0, 1]: that item says nothing, and is dropped)."""
+    if not 0.0 <= score <= 1.0:  # NaN too
+        return None
+    return trusted(
+        DocumentVerdict,
+        {
+            "span_id": source.span_id,
+            "position": source.position,
+            "score": float(score),
+            "label": label,
+            "explanation": _cut(explanation),
+        },
+    )
 
 
 def _precision(item: dict[str, Any]) -> tuple[float, str, str] | None:
@@ -131,17 +143,14 @@ def _ids(case: RAGCase, sources: Sequence[DocumentSource]) -> list[DocumentVerdi
         if source.id is None:
             continue
         hit = source.id in reference
-        out.append(
-            DocumentVerdict(
-                span_id=source.span_id,
-                position=source.position,
-                score=1.0 if hit else 0.0,
-                label=_label(hit),
-                explanation=_cut(
-                    f"id {source.id} is {'a' if hit else 'not a'} reference context id"
-                ),
-            )
+        made = _verdict(
+            source,
+            1.0 if hit else 0.0,
+            _label(hit),
+            f"id {source.id} is {'a' if hit else 'not a'} reference context id",
         )
+        assert made is not None  # a score of 0 or 1
+        out.append(made)
     return out
 
 

@@ -20,7 +20,7 @@ from ragtrace_collector.case_builder import (
 )
 from ragtrace_collector.config import ConfigError, parse_config
 from ragtrace_collector.conventions import genai, openinference, openllmetry
-from ragtrace_collector.conventions.base import Role
+from ragtrace_collector.conventions.base import Role, documents_from_attributes
 from ragtrace_collector.conventions.text import reduce_answer, reduce_question
 from ragtrace_collector.spanattrs import set_attributes
 
@@ -579,3 +579,32 @@ def test_a_case_that_cannot_be_built_is_skipped_not_raised() -> None:
     # Unreadable documents are "not recorded", not "retrieved nothing": no 0 scores.
     assert built.case.retrieved_context_ids is None
     assert built.document_sources is None
+
+
+def test_document_attributes_by_index_whatever_the_key_order_and_shape() -> None:
+    """Documents are read by index (not key order); a document with only unknown
+    fields still holds its rank; keys that only look like document keys are ignored;
+    the same key read under another prefix is not confused with the first."""
+    lead = semconv.RETRIEVAL_DOCUMENTS
+    attrs = {
+        semconv.document_attr(lead, 10, semconv.DOCUMENT_CONTENT): "ten",
+        semconv.document_attr(lead, 2, semconv.DOCUMENT_SCORE): 0.5,
+        semconv.document_attr(lead, 2, semconv.DOCUMENT_CONTENT): "two",
+        semconv.document_attr(lead, 2, semconv.DOCUMENT_METADATA): '{"doc_id": "m-2"}',
+        semconv.document_attr(lead, 3, "document.title"): "no content",
+        semconv.document_attr(lead, 10, semconv.DOCUMENT_ID): 10,
+        f"{lead}.x.{semconv.DOCUMENT_CONTENT}": "not an index",
+        f"{lead}.².{semconv.DOCUMENT_CONTENT}": "a digit that is not a decimal",
+        f"{lead}x.1.{semconv.DOCUMENT_CONTENT}": "another prefix",
+        semconv.document_attr(lead, 4, semconv.DOCUMENT_SCORE): True,
+    }
+    for _ in range(2):  # the second read comes from the parsed-key cache
+        docs = documents_from_attributes(attrs, lead)
+        assert [(d.id, d.content, d.score) for d in docs] == [
+            ("m-2", "two", 0.5),
+            (None, None, None),
+            (None, None, None),  # a bool is not a score
+            ("10", "ten", None),
+        ]
+        assert docs[0].metadata == {"doc_id": "m-2"}
+        assert documents_from_attributes(attrs, semconv.RERANKER_OUTPUT_DOCUMENTS) == []

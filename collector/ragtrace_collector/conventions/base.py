@@ -147,28 +147,60 @@ def documents_from_attributes(attrs: Attrs, prefix: str) -> list[Document]:
     A document without ``document.id`` takes its id from its metadata, with the keys
     the SDK reads (``id``, ``doc_id``, ...: :func:`ragtrace._documents.extract_document`).
     """
-    lead = prefix + "."
-    by_index: dict[int, Document] = {}
+    fields: dict[int, dict[str, Any]] = {}
     for key, value in attrs.items():
-        if not key.startswith(lead):
-            continue
-        index_text, _, fld = key[len(lead) :].partition(".")
-        if not index_text.isdigit():
-            continue
-        doc = by_index.setdefault(int(index_text), Document())
-        if fld == semconv.DOCUMENT_ID:
-            doc.id = None if value is None else str(value)
-        elif fld == semconv.DOCUMENT_CONTENT:
-            doc.content = None if value is None else str(value)
-        elif fld == semconv.DOCUMENT_SCORE:
-            doc.score = _as_float(value)
-        elif fld == semconv.DOCUMENT_METADATA:
-            doc.metadata = _json_object(value)
-    docs = [by_index[i] for i in sorted(by_index)]
-    for doc in docs:
-        if doc.id is None and doc.metadata:
-            doc.id = _record_id({"metadata": doc.metadata})
+        where = _document_key(key, prefix)
+        if where is not None:
+            index, fld = where
+            found = fields.get(index)
+            if found is None:
+                found = fields[index] = {}
+            found[fld] = value
+    docs: list[Document] = []
+    for index in sorted(fields):
+        found = fields[index]
+        value = found.get(semconv.DOCUMENT_ID)
+        doc_id = None if value is None else str(value)
+        value = found.get(semconv.DOCUMENT_CONTENT)
+        metadata = (
+            _json_object(found[semconv.DOCUMENT_METADATA])
+            if semconv.DOCUMENT_METADATA in found
+            else {}
+        )
+        if doc_id is None and metadata:
+            doc_id = _record_id({"metadata": metadata})
+        docs.append(
+            Document(
+                doc_id,
+                None if value is None else str(value),
+                _as_float(found.get(semconv.DOCUMENT_SCORE)),
+                metadata,
+            )
+        )
     return docs
+
+
+#: ``(index, field)`` of a document attribute key, by (key, prefix); None for any other
+#: key.  Span keys repeat from trace to trace, so each is split once.
+_DOCUMENT_KEYS: dict[tuple[str, str], tuple[int, str] | None] = {}
+_MAX_DOCUMENT_KEYS = 16384
+
+
+def _document_key(key: str, prefix: str) -> tuple[int, str] | None:
+    try:
+        return _DOCUMENT_KEYS[key, prefix]
+    except KeyError:
+        pass
+    where: tuple[int, str] | None = None
+    lead = prefix + "."
+    if key.startswith(lead):
+        index_text, _, fld = key[len(lead) :].partition(".")
+        if index_text.isdecimal():  # any field: a document of unknown fields still counts
+            where = (int(index_text), fld)
+    if len(_DOCUMENT_KEYS) >= _MAX_DOCUMENT_KEYS:
+        _DOCUMENT_KEYS.clear()  # untrusted keys: bounded, whatever a client sends
+    _DOCUMENT_KEYS[key, prefix] = where
+    return where
 
 
 def _record_id(item: Any) -> str | None:
