@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -190,7 +189,6 @@ class OnlineEvaluator(Component):
         offline = isinstance(judge, OfflineJudge)
         self._cpu_metrics = [m for m in self.case_metrics if offline or not m.uses_judge]
         self._task_metrics = [m for m in self.case_metrics if m not in self._cpu_metrics]
-        self._label_cache: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self._skipped_cache: dict[tuple[str, str], MetricResult] = {}
         # A case with any metric for the pool sends all its CPU metrics there: the
         # collector process then only builds, samples and writes results.
@@ -525,22 +523,10 @@ class OnlineEvaluator(Component):
         )
 
     def _record(self, outcome: _CaseOutcome, job: _Job) -> None:
-        t = self._telemetry
+        record = self._telemetry.results.record
         service = outcome.built.service
-        cache = self._label_cache
         for r in outcome.results:
-            key = (service, r.metric, r.outcome)
-            children = cache.get(key)
-            if children is None:
-                if len(cache) > 10_000:
-                    cache.clear()
-                children = cache[key] = (
-                    t.eval_results.labels(service, r.metric, r.outcome),
-                    t.eval_score.labels(service, r.metric),
-                )
-            children[0].inc()
-            if r.score is not None and math.isfinite(r.score):
-                children[1].observe(r.score)
+            record(service, r.metric, r.outcome, r.score)
             for listener in self._listeners:
                 try:
                     listener(service, r.metric, r, job.trace.trace_id_hex)

@@ -11,10 +11,20 @@ to histograms on exposition; the names below are the base names.
 
 from __future__ import annotations
 
+import bisect
+import time
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.samples import Sample
 
-__all__ = ["CONTENT_TYPE_LATEST", "SCORE_BUCKETS", "Telemetry"]
+__all__ = ["CONTENT_TYPE_LATEST", "SCORE_BUCKETS", "ResultBook", "Telemetry"]
 
 #: Score histogram buckets: fine enough to compute a windowed mean exactly (from
 #: _sum/_count) and a rough distribution.
@@ -103,19 +113,8 @@ class Telemetry:
         )
 
         # ---------------------------------------------------------- evaluation
-        self.eval_score = Histogram(
-            "ragtrace_eval_score",
-            "Evaluation scores (skipped and errored results are not observed).",
-            ["service", "metric"],
-            buckets=SCORE_BUCKETS,
-            registry=r,
-        )
-        self.eval_results = Counter(
-            "ragtrace_eval_results",
-            "Metric results by outcome: passed, failed, skipped, error.",
-            ["service", "metric", "outcome"],
-            registry=r,
-        )
+        #: ragtrace_eval_score and ragtrace_eval_results: written for every result.
+        self.results = ResultBook(registry=r)
         self.eval_traces = Counter(
             "ragtrace_eval_traces",
             "Ready traces with a @rag span, by sampling decision: sampled, unsampled, budget.",
@@ -200,3 +199,92 @@ class Telemetry:
     def render(self) -> bytes:
         """The Prometheus text exposition of this instance's registry."""
         return generate_latest(self.registry)
+
+
+class ResultBook:
+    """``ragtrace_eval_score`` (a histogram by service and metric) and
+    ``ragtrace_eval_results`` (a counter by service, metric and outcome), kept in plain
+    lists and read at scrape time.
+
+    Every metric result of every case is counted here, several per case: through
+    prometheus-client's metric objects that cost a lock and a few calls per increment,
+    a noticeable share of the collector's CPU per case.  The counts are written by one
+    thread (the event loop's; :meth:`record` is not safe to call from two threads at
+    once) and read by a scrape from any thread, which copies them first; the series
+    exposed are the ones prometheus-client's Counter and Histogram expose (``_total``,
+    ``_bucket``, ``_count``, ``_sum``, ``_created``).
+    """
+
+    _SCORE = "ragtrace_eval_score"
+    _SCORE_HELP = "Evaluation scores (skipped and errored results are not observed)."
+    _RESULTS = "ragtrace_eval_results"
+    _RESULTS_HELP = "Metric results by outcome: passed, failed, skipped, error."
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        #: (service, metric, outcome) -> [count, created]
+        self._results: dict[tuple[str, str, str], list[float]] = {}
+        #: (service, metric) -> [per-bucket counts (not cumulative; +Inf last)..., sum, created]
+        self._scores: dict[tuple[str, str], list[float]] = {}
+        self._bounds = SCORE_BUCKETS
+        # As prometheus-client writes them (the tests compare): these bounds print as repr.
+        self._les = [repr(float(b)) for b in SCORE_BUCKETS] + ["+Inf"]
+        if registry is not None:
+            registry.register(self)
+
+    def record(self, service: str, metric: str, outcome: str, score: float | None) -> None:
+        """One result; ``score`` is observed when it is a finite number (None skips it)."""
+        key = (service, metric, outcome)
+        counted = self._results.get(key)
+        if counted is None:
+            counted = self._results[key] = [0.0, time.time()]
+        counted[0] += 1.0
+        if score is not None and score - score == 0.0:  # finite (NaN and inf are not)
+            self.observe(service, metric, score)
+
+    def observe(self, service: str, metric: str, score: float) -> None:
+        """One score into the histogram of (service, metric)."""
+        row = self._scores.get((service, metric))
+        if row is None:
+            row = self._scores[service, metric] = [0.0] * (len(self._les) + 1) + [time.time()]
+        row[bisect.bisect_left(self._bounds, score)] += 1.0
+        row[-2] += score
+
+    def value(self, service: str, metric: str, outcome: str) -> float:
+        """How many results of (service, metric) had ``outcome`` (0 when none)."""
+        counted = self._results.get((service, metric, outcome))
+        return counted[0] if counted is not None else 0.0
+
+    def describe(self) -> list[Metric]:
+        return [
+            HistogramMetricFamily(self._SCORE, self._SCORE_HELP, labels=["service", "metric"]),
+            CounterMetricFamily(
+                self._RESULTS, self._RESULTS_HELP, labels=["service", "metric", "outcome"]
+            ),
+        ]
+
+    def collect(self) -> Iterator[Metric]:
+        # Copied first (each copy is one C call, which no loop-thread write interleaves).
+        scores = [(key, list(row)) for key, row in list(self._scores.items())]
+        results = [(key, list(row)) for key, row in list(self._results.items())]
+        histogram = HistogramMetricFamily(
+            self._SCORE, self._SCORE_HELP, labels=["service", "metric"]
+        )
+        created: list[Sample] = []
+        for (service, metric), row in scores:
+            total = 0.0
+            buckets: list[tuple[str, float]] = []
+            for le, count in zip(self._les, row, strict=False):
+                total += count
+                buckets.append((le, total))
+            histogram.add_metric([service, metric], buckets, row[-2])
+            created.append(
+                Sample(self._SCORE + "_created", {"service": service, "metric": metric}, row[-1])
+            )
+        histogram.samples.extend(created)
+        yield histogram
+        counter = CounterMetricFamily(
+            self._RESULTS, self._RESULTS_HELP, labels=["service", "metric", "outcome"]
+        )
+        for (service, metric, outcome), (count, since) in results:
+            counter.add_metric([service, metric, outcome], count, created=since)
+        yield counter

@@ -42,15 +42,16 @@ class Traffic:
 
     def __init__(self, telemetry: Telemetry) -> None:
         self.recall_mean = 0.9
-        self._recall = telemetry.eval_score.labels(service="shop", metric="contextual_recall")
-        self._precision = telemetry.eval_score.labels(service="shop", metric="contextual_precision")
+        self._observe = telemetry.results.observe
         self._rng = random.Random(42)
 
     async def run(self) -> None:
         while True:
             for _ in range(3):
-                self._recall.observe(min(1.0, max(0.0, self._rng.gauss(self.recall_mean, 0.05))))
-                self._precision.observe(min(1.0, max(0.0, self._rng.gauss(0.8, 0.05))))
+                recall = min(1.0, max(0.0, self._rng.gauss(self.recall_mean, 0.05)))
+                self._observe("shop", "contextual_recall", recall)
+                precision = min(1.0, max(0.0, self._rng.gauss(0.8, 0.05)))
+                self._observe("shop", "contextual_precision", precision)
             await asyncio.sleep(0.1)
 
 
