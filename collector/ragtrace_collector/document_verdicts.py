@@ -21,13 +21,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import to_json
 
 from ragtrace import semconv
 from ragtrace_collector.case_builder import DocumentSource
 from ragtrace_collector.cases import RAGCase
 from ragtrace_collector.results import MetricResult, trusted
 
-__all__ = ["DocumentVerdict", "decode_verdicts", "document_verdicts", "encode_verdicts"]
+__all__ = ["DocumentVerdict", "decode_verdicts", "document_verdicts", "verdicts_json"]
 
 _MAX_EXPLANATION = 500
 
@@ -46,6 +47,9 @@ class DocumentVerdict(BaseModel):
 
 _LIST = TypeAdapter(list[DocumentVerdict])
 
+#: A verdict as written: DocumentVerdict's fields, ``label`` left out when None.
+_Row = dict[str, Any]
+
 
 def _label(relevant: bool) -> str:
     return semconv.LABEL_RELEVANT if relevant else semconv.LABEL_IRRELEVANT
@@ -55,11 +59,25 @@ def _cut(text: str) -> str:
     return text if len(text) <= _MAX_EXPLANATION else text[: _MAX_EXPLANATION - 1] + "…"
 
 
+def _row(source: DocumentSource, score: float, label: str | None, explanation: str) -> _Row | None:
+    """A verdict of a valid DocumentVerdict's shape: the span id is the hex of an id the
+    receiver checked (8 bytes), the position an index, and the score is checked here (a
+    judge's counts can give a share outside [0, 1]: that item says nothing, and is
+    dropped)."""
+    if not 0.0 <= score <= 1.0:  # NaN too
+        return None
+    row: _Row = {"span_id": source.span_id, "position": source.position, "score": float(score)}
+    if label is not None:
+        row["label"] = label
+    row["explanation"] = _cut(explanation)
+    return row
+
+
 def _by_rank(
     items: Any, sources: Sequence[DocumentSource], verdict: Callable[[dict[str, Any]], Any]
-) -> list[DocumentVerdict]:
+) -> list[_Row]:
     """Items carrying a 1-based ``node`` rank, mapped to their documents."""
-    out: list[DocumentVerdict] = []
+    out: list[_Row] = []
     if not isinstance(items, list):
         return out
     for item in items:
@@ -71,30 +89,10 @@ def _by_rank(
         made = verdict(item)
         if made is None:
             continue
-        verdict_ = _verdict(sources[rank - 1], *made)
-        if verdict_ is not None:
-            out.append(verdict_)
+        row = _row(sources[rank - 1], *made)
+        if row is not None:
+            out.append(row)
     return out
-
-
-def _verdict(
-    source: DocumentSource, score: float, label: str | None, explanation: str
-) -> DocumentVerdict | None:
-    """A verdict built without validation: the span id is the hex of an id the receiver
-    checked (8 bytes), the position an index, and the score is checked here (a judge's
-    counts can give a share outside [0, 1]: that item says nothing, and is dropped)."""
-    if not 0.0 <= score <= 1.0:  # NaN too
-        return None
-    return trusted(
-        DocumentVerdict,
-        {
-            "span_id": source.span_id,
-            "position": source.position,
-            "score": float(score),
-            "label": label,
-            "explanation": _cut(explanation),
-        },
-    )
 
 
 def _precision(item: dict[str, Any]) -> tuple[float, str, str] | None:
@@ -113,52 +111,38 @@ def _relevancy(item: dict[str, Any]) -> tuple[float, str | None, str] | None:
     return relevant / total, None, f"{relevant} of {total} statements relevant to the input"
 
 
-def _similarity(result: MetricResult, sources: Sequence[DocumentSource]) -> list[DocumentVerdict]:
+def _similarity(result: MetricResult, sources: Sequence[DocumentSource]) -> list[_Row]:
     sims, cut = result.details.get("similarities"), result.details.get("similarity_threshold")
     if not isinstance(sims, list) or not isinstance(cut, (int, float)):
         return []
-    nodes = [
-        {"node": rank, "similarity": s}
-        for rank, s in enumerate(sims, start=1)
-        if isinstance(s, (int, float)) and 0.0 <= s <= 1.0
-    ]
-
-    def verdict(item: dict[str, Any]) -> tuple[float, str, str]:
-        sim = float(item["similarity"])
+    out: list[_Row] = []
+    for source, sim in zip(sources, sims, strict=False):  # ranks past the sources: none
+        if not isinstance(sim, (int, float)) or not 0.0 <= sim <= 1.0:
+            continue
         relevant = sim >= cut
         sign = ">=" if relevant else "<"
-        return (
-            sim,
-            _label(relevant),
-            f"best similarity to a reference context {sim:.3f} {sign} {cut:g}",
-        )
-
-    return _by_rank(nodes, sources, verdict)
+        text = f"best similarity to a reference context {float(sim):.3f} {sign} {cut:g}"
+        row = _row(source, sim, _label(relevant), text)
+        if row is not None:
+            out.append(row)
+    return out
 
 
-def _ids(case: RAGCase, sources: Sequence[DocumentSource]) -> list[DocumentVerdict]:
+def _ids(case: RAGCase, sources: Sequence[DocumentSource]) -> list[_Row]:
     reference = {str(i) for i in case.reference_context_ids or ()}
-    out: list[DocumentVerdict] = []
+    out: list[_Row] = []
     for source in sources:
         if source.id is None:
             continue
         hit = source.id in reference
-        made = _verdict(
-            source,
-            1.0 if hit else 0.0,
-            _label(hit),
-            f"id {source.id} is {'a' if hit else 'not a'} reference context id",
-        )
-        assert made is not None  # a score of 0 or 1
-        out.append(made)
+        text = f"id {source.id} is {'a' if hit else 'not a'} reference context id"
+        row = _row(source, 1.0 if hit else 0.0, _label(hit), text)
+        assert row is not None  # a score of 0 or 1
+        out.append(row)
     return out
 
 
-def document_verdicts(
-    result: MetricResult, case: RAGCase, sources: Sequence[DocumentSource]
-) -> list[DocumentVerdict]:
-    """The per-document verdicts of ``result`` (empty when the metric has none, or was
-    skipped or errored).  ``sources`` are the case's documents in rank order."""
+def _rows(result: MetricResult, case: RAGCase, sources: Sequence[DocumentSource]) -> list[_Row]:
     if result.score is None or not sources:
         return []
     name = result.metric
@@ -176,10 +160,36 @@ def document_verdicts(
     return []
 
 
-def encode_verdicts(verdicts: Sequence[DocumentVerdict]) -> str:
-    """The JSON text written as ``ragtrace.eval.<metric>.documents``."""
-    # One call into pydantic-core: compact JSON, non-ASCII kept, as json.dumps wrote it.
-    return _LIST.dump_json(list(verdicts), exclude_none=True).decode()
+def document_verdicts(
+    result: MetricResult, case: RAGCase, sources: Sequence[DocumentSource]
+) -> list[DocumentVerdict]:
+    """The per-document verdicts of ``result`` (empty when the metric has none, or was
+    skipped or errored).  ``sources`` are the case's documents in rank order."""
+    return [
+        trusted(
+            DocumentVerdict,
+            {
+                "span_id": row["span_id"],
+                "position": row["position"],
+                "score": row["score"],
+                "label": row.get("label"),
+                "explanation": row["explanation"],
+            },
+        )
+        for row in _rows(result, case, sources)
+    ]
+
+
+def verdicts_json(
+    result: MetricResult, case: RAGCase, sources: Sequence[DocumentSource]
+) -> str | None:
+    """The JSON text written as ``ragtrace.eval.<metric>.documents`` for ``result``
+    (:func:`document_verdicts`, written without building models), or None when it has
+    none."""
+    rows = _rows(result, case, sources)
+    # pydantic-core: compact, non-ASCII kept, floats as it writes a model's (and 4-5x
+    # faster than the json module, which formats each float in Python).
+    return to_json(rows).decode() if rows else None
 
 
 def decode_verdicts(value: object) -> list[DocumentVerdict]:

@@ -27,7 +27,7 @@ from ragtrace import semconv
 from ragtrace_collector import protowire
 from ragtrace_collector.case_builder import DocumentSource
 from ragtrace_collector.cases import RAGCase
-from ragtrace_collector.document_verdicts import document_verdicts, encode_verdicts
+from ragtrace_collector.document_verdicts import verdicts_json
 from ragtrace_collector.results import MetricResult
 from ragtrace_collector.spanattrs import set_attribute
 
@@ -90,9 +90,9 @@ def case_extra(
         used = result.details.get("reference")
         if isinstance(used, str):
             extra[semconv.EVAL_FIELD_REFERENCE] = used
-    verdicts = document_verdicts(result, case, sources or [])
-    if verdicts:
-        extra[semconv.EVAL_FIELD_DOCUMENTS] = encode_verdicts(verdicts)
+    verdicts = verdicts_json(result, case, sources or [])
+    if verdicts is not None:
+        extra[semconv.EVAL_FIELD_DOCUMENTS] = verdicts
     return extra
 
 

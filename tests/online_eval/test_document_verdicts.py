@@ -4,9 +4,11 @@ document outside the model's range is dropped rather than failing the case."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from pydantic import TypeAdapter
 
 from ragtrace_collector.case_builder import DocumentSource
 from ragtrace_collector.cases import ContextItem, RAGCase
@@ -14,7 +16,7 @@ from ragtrace_collector.document_verdicts import (
     DocumentVerdict,
     decode_verdicts,
     document_verdicts,
-    encode_verdicts,
+    verdicts_json,
 )
 from ragtrace_collector.results import MetricResult
 
@@ -52,12 +54,19 @@ def _result(metric: str, details: dict[str, Any]) -> MetricResult:
     ],
 )
 def test_each_verdict_equals_its_validated_twin(metric: str, details: dict[str, Any]) -> None:
-    verdicts = document_verdicts(_result(metric, details), CASE, SOURCES)
+    result = _result(metric, details)
+    verdicts = document_verdicts(result, CASE, SOURCES)
     assert verdicts
     for v in verdicts:
         assert DocumentVerdict.model_validate(v.model_dump()) == v
         assert type(v.score) is float
-    assert decode_verdicts(encode_verdicts(verdicts)) == verdicts
+    text = verdicts_json(result, CASE, SOURCES)
+    assert text is not None
+    assert decode_verdicts(text) == verdicts
+    # The JSON written is what pydantic writes for the models (label left out when None).
+    assert json.loads(text) == json.loads(
+        TypeAdapter(list[DocumentVerdict]).dump_json(verdicts, exclude_none=True)
+    )
 
 
 def test_counts_outside_the_range_are_dropped_not_raised() -> None:
@@ -68,3 +77,6 @@ def test_counts_outside_the_range_are_dropped_not_raised() -> None:
     ]
     verdicts = document_verdicts(_result("contextual_relevancy", {"nodes": nodes}), CASE, SOURCES)
     assert [(v.position, v.score) for v in verdicts] == [(2, 1.0)]
+    assert (
+        verdicts_json(_result("contextual_relevancy", {"nodes": nodes[:2]}), CASE, SOURCES) is None
+    )
