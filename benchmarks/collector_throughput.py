@@ -35,7 +35,9 @@ Then the **evaluation stage**, in this process, pinned to the collector's core:
    added time per case, and how much of it the metric computations alone take
    (``measure`` called directly on the same cases); the rest is orchestration
    (build cases, sample, queue, tasks and timeouts, enrich).  Target: < 1 ms per case,
-   orchestration <= 0.1 ms.
+   orchestration <= 0.1 ms.  Also printed: the floor under the orchestration, the
+   protobuf calls every case needs whatever the design (the prefilter's pass, decoding
+   every span's attributes, parsing the written entries into the span).
 5. **evaluated cases/s at a judge latency of 500 ms** (``--judge-latency``): the real
    LLM judge (litellm) against the loopback fake OpenAI server of the tests
    (``tests/fakes/openai_server.py``, ``auto_reply`` answers held ``delay_s`` each),
@@ -658,6 +660,7 @@ async def _eval_overhead(n: int, rounds: int = 3) -> dict[str, float]:
         metrics_s = min(metrics_s, time.perf_counter() - t0)
         metrics_cpu = min(metrics_cpu, time.process_time() - cpu0)
     return {
+        **(await _io_floor(n)),
         "cases": n,
         "rounds": rounds,
         "passthrough_us_per_trace": pt_wall / n * 1e6,
@@ -670,6 +673,51 @@ async def _eval_overhead(n: int, rounds: int = 3) -> dict[str, float]:
         "metrics_cpu_ms_per_case": metrics_cpu / n * 1e3,
         "orchestration_cpu_ms_per_case": (ev_cpu - pt_cpu - metrics_cpu) / n * 1e3,
         "cases_per_s": n / ev_wall,
+    }
+
+
+async def _io_floor(n: int, rounds: int = 5) -> dict[str, float]:
+    """What every sampled case costs in the collector's CPU before any case logic, by
+    the protobuf calls alone, on the same traces as part 4 (best of ``rounds``, CPU
+    time): the prefilter's pass over the spans, decoding the attributes of every span
+    of the trace (what case building reads), and parsing into the evaluated span the
+    entries the evaluator writes (its enriched bytes parsed less the original's).  No
+    design of the orchestration in this language avoids these three."""
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    from ragtrace_collector.case_builder import may_hold_case
+    from ragtrace_collector.judges.offline import OfflineJudge
+    from ragtrace_collector.spanattrs import attributes_to_dict
+
+    traces = _eval_traces(n, seed=2)
+    spans = [[s for s, _ in t.spans()] for t in traces]
+    original = [group[0].SerializeToString() for group in spans]
+
+    evaluator = _evaluator(_EVAL_METRICS, OfflineJudge(), queue_size=n + 1)
+    evaluator.start()
+    scored = _eval_traces(n, seed=2)
+    await _run_through(evaluator, scored)
+    await evaluator.drain()
+    enriched = [t.groups[0].spans[0].SerializeToString() for t in scored]
+
+    def best(step: Any) -> float:
+        used = float("inf")
+        for _ in range(rounds):
+            cpu0 = time.process_time()
+            step()
+            used = min(used, time.process_time() - cpu0)
+        return used / n * 1e6
+
+    parse = trace_pb2.Span.FromString
+    prefilter = best(lambda: [may_hold_case(group) for group in spans])
+    decode = best(lambda: [[attributes_to_dict(s.attributes) for s in group] for group in spans])
+    written = best(lambda: [parse(b) for b in enriched])
+    written -= best(lambda: [parse(b) for b in original])
+    return {
+        "floor_prefilter_us": prefilter,
+        "floor_decode_us": decode,
+        "floor_parse_written_us": written,
+        "floor_us": prefilter + decode + written,
     }
 
 
@@ -1042,6 +1090,14 @@ def _report_eval(e: dict[str, Any], args: argparse.Namespace) -> None:
         "meets" if o["orchestration_ms_per_case"] <= _TARGET_ORCHESTRATION_MS_PER_CASE else "MISSES"
     )
     print(f"  orchestration target <= {_TARGET_ORCHESTRATION_MS_PER_CASE:g} ms per case: {verdict}")
+    print(
+        "  the floor, protobuf calls every case needs before any case logic (CPU time):\n"
+        f"    prefilter over the spans         {o['floor_prefilter_us']:>8.1f} us/case\n"
+        f"    decoding every span's attributes {o['floor_decode_us']:>8.1f} us/case\n"
+        f"    parsing the written entries      {o['floor_parse_written_us']:>8.1f} us/case\n"
+        f"    together                         {o['floor_us']:>8.1f} us/case = "
+        f"{o['floor_us'] / 1e3 / _TARGET_ORCHESTRATION_MS_PER_CASE:.2f}x the orchestration target"
+    )
     if "latency_default" not in e:
         return
     print(
