@@ -661,6 +661,7 @@ async def _eval_overhead(n: int, rounds: int = 3) -> dict[str, float]:
         metrics_cpu = min(metrics_cpu, time.process_time() - cpu0)
     return {
         **(await _io_floor(n)),
+        **_auto_instrumented_build(min(n, 2000)),
         "cases": n,
         "rounds": rounds,
         "passthrough_us_per_trace": pt_wall / n * 1e6,
@@ -673,6 +674,139 @@ async def _eval_overhead(n: int, rounds: int = 3) -> dict[str, float]:
         "metrics_cpu_ms_per_case": metrics_cpu / n * 1e3,
         "orchestration_cpu_ms_per_case": (ev_cpu - pt_cpu - metrics_cpu) / n * 1e3,
         "cases_per_s": n / ev_wall,
+    }
+
+
+def _auto_instrumented_traces(n: int, seed: int) -> list[list[Any]]:
+    """``n`` traces shaped like OpenInference's LangChain instrumentor's for a RAG
+    chain: a RunnableSequence CHAIN root (the case), a RunnableParallel CHAIN, the
+    RETRIEVER (5 documents), format_docs and prompt-template CHAINs, the chat model's
+    LLM span (messages, token counts, invocation parameters) and an output-parser
+    CHAIN; inner spans carry the question, the documents and the prompt again, as the
+    instrumentor records each runnable's input and output."""
+    import random
+
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    from ragtrace import semconv as sc
+    from ragtrace_collector.spanattrs import set_attributes
+
+    rng = random.Random(seed)
+
+    def sentence(words: int) -> str:
+        return " ".join(rng.choice(_WORDS) for _ in range(words)).capitalize() + "."
+
+    out = []
+    for i in range(n):
+        tid = rng.randbytes(16)
+        question = f"question {i}: " + sentence(10)
+        answer = sentence(25)
+        texts = [" ".join(sentence(12) for _ in range(3)) for _ in range(5)]
+        context = "\n\n".join(texts)
+        prompt = f"Answer from the context.\n\nContext:\n{context}\n\nQuestion: {question}"
+        root = trace_pb2.Span(trace_id=tid, span_id=rng.randbytes(8), name="RunnableSequence")
+
+        def child(name: str, parent: Any) -> Any:
+            return trace_pb2.Span(
+                trace_id=parent.trace_id,
+                span_id=rng.randbytes(8),
+                parent_span_id=parent.span_id,
+                name=name,
+            )
+
+        def chain(span: Any, value_in: str, value_out: str) -> None:
+            set_attributes(
+                span.attributes,
+                [
+                    (sc.OPENINFERENCE_SPAN_KIND, sc.OI_KIND_CHAIN),
+                    (sc.INPUT_VALUE, value_in),
+                    (sc.INPUT_MIME_TYPE, sc.MIME_JSON),
+                    (sc.OUTPUT_VALUE, value_out),
+                    (sc.OUTPUT_MIME_TYPE, sc.MIME_JSON),
+                ],
+            )
+
+        chain(root, json.dumps({"input": question}), json.dumps({"output": answer}))
+        parallel = child("RunnableParallel<context,question>", root)
+        chain(
+            parallel,
+            json.dumps({"input": question}),
+            json.dumps({"context": context, "question": question}),
+        )
+        retriever = child("VectorStoreRetriever", parallel)
+        values: list[tuple[str, Any]] = [
+            (sc.OPENINFERENCE_SPAN_KIND, sc.OI_KIND_RETRIEVER),
+            (sc.INPUT_VALUE, question),
+        ]
+        for k, text in enumerate(texts):
+            values += [
+                (sc.document_attr(sc.RETRIEVAL_DOCUMENTS, k, sc.DOCUMENT_ID), f"doc-{i}-{k}"),
+                (sc.document_attr(sc.RETRIEVAL_DOCUMENTS, k, sc.DOCUMENT_CONTENT), text),
+                (sc.document_attr(sc.RETRIEVAL_DOCUMENTS, k, sc.DOCUMENT_METADATA), "{}"),
+            ]
+        set_attributes(retriever.attributes, values)
+        docs = child("format_docs", parallel)
+        chain(docs, json.dumps({"input": texts}), json.dumps({"output": context}))
+        template = child("ChatPromptTemplate", root)
+        chain(
+            template,
+            json.dumps({"context": context, "question": question}),
+            json.dumps({"messages": [{"role": "user", "content": prompt}]}),
+        )
+        llm = child("ChatOpenAI", root)
+        set_attributes(
+            llm.attributes,
+            [
+                (sc.OPENINFERENCE_SPAN_KIND, "LLM"),
+                (sc.INPUT_VALUE, json.dumps({"messages": [[{"content": prompt}]]})),
+                (sc.INPUT_MIME_TYPE, sc.MIME_JSON),
+                (sc.OUTPUT_VALUE, json.dumps({"generations": [[{"text": answer}]]})),
+                (sc.OUTPUT_MIME_TYPE, sc.MIME_JSON),
+                # The instrumentor's own keys (OpenInference semantic conventions).
+                ("llm.input_messages.0.message.role", "user"),
+                ("llm.input_messages.0.message.content", prompt),
+                ("llm.output_messages.0.message.role", "assistant"),
+                ("llm.output_messages.0.message.content", answer),
+                (sc.LLM_MODEL_NAME, "gpt-4o-mini"),
+                ("llm.invocation_parameters", json.dumps({"temperature": 0, "stream": False})),
+                ("llm.token_count.prompt", 412),
+                ("llm.token_count.completion", 38),
+                ("llm.token_count.total", 450),
+            ],
+        )
+        parser = child("StrOutputParser", root)
+        chain(parser, json.dumps({"input": answer}), json.dumps({"output": answer}))
+        out.append([root, parallel, retriever, docs, template, llm, parser])
+    return out
+
+
+def _auto_instrumented_build(n: int, rounds: int = 5) -> dict[str, float]:
+    """Case building on :func:`_auto_instrumented_traces`, against decoding every
+    attribute of every span (what case building did before it read only the case span
+    and its retrieval spans in full), CPU time per trace, best of ``rounds``,
+    interleaved."""
+    from ragtrace_collector.case_builder import build_cases
+    from ragtrace_collector.spanattrs import attributes_to_dict
+
+    traces = _auto_instrumented_traces(n, seed=3)
+    built = [build_cases(spans, prefiltered=True) for spans in traces]
+    assert all(len(b) == 1 and len(b[0].case.retrieval_context or ()) == 5 for b in built)
+    best = {"build_us": float("inf"), "decode_all_us": float("inf")}
+    for _ in range(rounds):
+        cpu0 = time.process_time()
+        for spans in traces:
+            build_cases(spans, prefiltered=True)
+        best["build_us"] = min(best["build_us"], (time.process_time() - cpu0) / n * 1e6)
+        cpu0 = time.process_time()
+        for spans in traces:
+            for span in spans:
+                attributes_to_dict(span.attributes)
+        best["decode_all_us"] = min(best["decode_all_us"], (time.process_time() - cpu0) / n * 1e6)
+    return {
+        "auto_spans_per_trace": float(len(traces[0])),
+        "auto_bytes_per_trace": sum(s.ByteSize() for s in traces[0]),
+        "auto_build_us": best["build_us"],
+        "auto_decode_all_us": best["decode_all_us"],
     }
 
 
@@ -1097,6 +1231,15 @@ def _report_eval(e: dict[str, Any], args: argparse.Namespace) -> None:
         f"    parsing the written entries      {o['floor_parse_written_us']:>8.1f} us/case\n"
         f"    together                         {o['floor_us']:>8.1f} us/case = "
         f"{o['floor_us'] / 1e3 / _TARGET_ORCHESTRATION_MS_PER_CASE:.2f}x the orchestration target"
+    )
+    print(
+        f"  case building on an auto-instrumented trace (OpenInference LangChain shape, "
+        f"{o['auto_spans_per_trace']:.0f} spans,\n  {o['auto_bytes_per_trace'] / 1024:.1f} KiB; "
+        "CPU time, best of 5):\n"
+        f"    build_cases                      {o['auto_build_us']:>8.1f} us/trace\n"
+        f"    decoding every span's attributes {o['auto_decode_all_us']:>8.1f} us/trace "
+        "(what building cost at least\n      when it decoded every span)\n"
+        f"    build / decode-all: {o['auto_build_us'] / o['auto_decode_all_us']:.2f}x"
     )
     if "latency_default" not in e:
         return

@@ -62,7 +62,7 @@ from ragtrace_collector.conventions.text import reduce_answer, reduce_question
 from ragtrace_collector.protowire import string_field, varint
 from ragtrace_collector.results import trusted
 from ragtrace_collector.sampling import AttrScalar
-from ragtrace_collector.spanattrs import attributes_to_dict
+from ragtrace_collector.spanattrs import any_value_to_python
 
 __all__ = [
     "BuiltCase",
@@ -169,6 +169,7 @@ class CaseRules:
                 markers[key] = None
         self.markers = markers
         self.event_markers = frozenset(e for c in self.conventions for e in c.event_markers)
+        self.role_keys = frozenset(k for c in self.conventions for k in c.role_keys)
         self._name_patterns = [p for p, equals, exists in self.matchers if p is not None]
         self._patterns = _marker_patterns(markers, self.event_markers)
 
@@ -289,12 +290,44 @@ class DocumentSource(NamedTuple):
     id: str | None = None
 
 
-@dataclass
 class _Node:
-    span: trace_pb2.Span
-    attrs: dict[str, Any]
-    role: Role | None
-    convention: Convention | None
+    """A span of the trace, its role, and its attributes decoded on first use: only the
+    case spans and the retrieval spans under them are read in full (in a trace of an
+    auto-instrumented app, the LLM and inner chain spans carry most of the bytes)."""
+
+    __slots__ = ("_attrs", "_keys", "_kvs", "convention", "role", "span")
+
+    def __init__(self, span: trace_pb2.Span, rules: CaseRules) -> None:
+        self.span = span
+        self._kvs = kvs = list(span.attributes)
+        self._keys = keys = [kv.key for kv in kvs]
+        self._attrs: dict[str, Any] | None = None
+        role_keys = rules.role_keys
+        known = {
+            k: any_value_to_python(kv.value)
+            for k, kv in zip(keys, kvs, strict=True)
+            if k in role_keys
+        }
+        self.role: Role | None = None
+        self.convention: Convention | None = None
+        for conv in rules.conventions:
+            role = conv.role(span, known)
+            if role is not None:
+                self.role, self.convention = role, conv
+                break
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """All attributes (a repeated key keeps its last value, as
+        :func:`~ragtrace_collector.spanattrs.attributes_to_dict`)."""
+        attrs = self._attrs
+        if attrs is None:
+            attrs = self._attrs = {
+                k: any_value_to_python(kv.value)
+                for k, kv in zip(self._keys, self._kvs, strict=True)
+            }
+            self._kvs = []  # the wrappers are not needed again
+        return attrs
 
 
 def _json_list(value: Any) -> list[str] | None:
@@ -327,16 +360,7 @@ def build_cases(
     nodes: dict[bytes, _Node] = {}
     children: dict[bytes, list[_Node]] = defaultdict(list)
     for span in spans:
-        attrs = attributes_to_dict(span.attributes)
-        role: Role | None = None
-        claimed: Convention | None = None
-        for conv in rules.conventions:
-            role = conv.role(span, attrs)
-            if role is not None:
-                claimed = conv
-                break
-        node = _Node(span, attrs, role, claimed)
-        nodes[span.span_id] = node
+        nodes[span.span_id] = _Node(span, rules)
     for node in nodes.values():
         if node.span.parent_span_id:
             children[node.span.parent_span_id].append(node)

@@ -19,7 +19,13 @@ from ragtrace_collector.case_builder import (
     may_hold_case,
 )
 from ragtrace_collector.config import ConfigError, parse_config
-from ragtrace_collector.conventions import genai, openinference, openllmetry
+from ragtrace_collector.conventions import (
+    CONVENTIONS,
+    Convention,
+    genai,
+    openinference,
+    openllmetry,
+)
 from ragtrace_collector.conventions.base import Role, documents_from_attributes
 from ragtrace_collector.conventions.text import reduce_answer, reduce_question
 from ragtrace_collector.spanattrs import set_attributes
@@ -608,3 +614,79 @@ def test_document_attributes_by_index_whatever_the_key_order_and_shape() -> None
         ]
         assert docs[0].metadata == {"doc_id": "m-2"}
         assert documents_from_attributes(attrs, semconv.RERANKER_OUTPUT_DOCUMENTS) == []
+
+
+class _Recording(dict[str, Any]):
+    """A mapping that records which keys were read."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        super().__init__(data)
+        self.read: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(str(key))
+        return super().__contains__(key)
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS, ids=lambda c: c.name)
+def test_role_reads_only_the_role_keys(convention: Convention) -> None:
+    """Case building decodes only ``role_keys`` before it knows the roles: a role
+    that read any other key would be decided on a missing value."""
+    every = {
+        semconv.RAGTRACE_SPAN_KIND: semconv.KIND_RETRIEVER,
+        semconv.OPENINFERENCE_SPAN_KIND: "RETRIEVER",
+        semconv.GEN_AI_OPERATION_NAME: semconv.GEN_AI_OPERATION_RETRIEVAL,
+        semconv.TRACELOOP_SPAN_KIND: semconv.TRACELOOP_KIND_WORKFLOW,
+        semconv.INPUT_VALUE: "q",
+        semconv.OUTPUT_VALUE: "a",
+        semconv.SESSION_ID: "s",
+    }
+    for present in [every, {}, {semconv.TRACELOOP_SPAN_KIND: semconv.TRACELOOP_KIND_AGENT}]:
+        attrs = _Recording(present)
+        convention.role(span("s", present), attrs)
+        assert attrs.read <= convention.role_keys
+
+
+def test_spans_outside_the_case_are_not_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Of an LLM span and an inner chain span (OpenInference), only the role key is
+    decoded; the case span and its retriever are read in full."""
+    import ragtrace_collector.case_builder as case_builder
+
+    decoded: list[Any] = []
+    real = case_builder.any_value_to_python
+
+    def counting(value: Any) -> Any:
+        decoded.append(value)
+        return real(value)
+
+    monkeypatch.setattr(case_builder, "any_value_to_python", counting)
+    root = span("chain", {semconv.OPENINFERENCE_SPAN_KIND: "CHAIN", semconv.INPUT_VALUE: "q?"})
+    inner = span(
+        "inner",
+        {semconv.OPENINFERENCE_SPAN_KIND: "CHAIN", **{f"x.{i}": "y" * 100 for i in range(20)}},
+        parent=root,
+    )
+    ret = span("retrieve", oi_docs([("d1", "text", {})]), parent=inner)
+    llm = span(
+        "llm",
+        {semconv.OPENINFERENCE_SPAN_KIND: "LLM", **{f"llm.{i}": "z" * 1000 for i in range(30)}},
+        parent=inner,
+    )
+    (built,) = build_cases([root, inner, ret, llm])
+    assert built.span is root
+    assert built.case.input == "q?"
+    assert built.document_sources is not None
+    assert len(built.document_sources) == 1
+    payloads = [v for v in decoded if v.string_value in ("y" * 100, "z" * 1000)]
+    assert payloads == []  # none of the 50 other attributes of the inner and LLM spans
+    # the role key of each of the four spans; then in full the case span (2) and the
+    # retriever (kind, id, content)
+    assert len(decoded) == 4 + 2 + 3

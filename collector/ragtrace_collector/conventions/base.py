@@ -85,7 +85,16 @@ class Convention(Protocol):
         """Span event names that mark a retriever span."""
         ...
 
-    def role(self, span: trace_pb2.Span, attrs: Attrs) -> Role | None: ...
+    @property
+    def role_keys(self) -> frozenset[str]:
+        """Every attribute key :meth:`role` reads: case building decodes only these
+        before it knows which spans it needs (the rest of a span's attributes are
+        decoded only for the case span and the retrieval spans under it)."""
+        ...
+
+    def role(self, span: trace_pb2.Span, attrs: Attrs) -> Role | None:
+        """The span's role; ``attrs`` may hold only :attr:`role_keys`."""
+        ...
 
     def documents(self, span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document] | None:
         """The documents of a RETRIEVER span (rank order), or a RERANKER's output; None

@@ -33,6 +33,7 @@ from ragtrace_collector.conventions.text import reduce_answer, reduce_question
 name: Final = "genai"
 markers: Final = {semconv.GEN_AI_OPERATION_NAME: frozenset({semconv.GEN_AI_OPERATION_RETRIEVAL})}
 event_markers: Final = frozenset[str]()
+role_keys: Final = frozenset({semconv.GEN_AI_OPERATION_NAME})
 
 _ROLES: Final = {
     semconv.GEN_AI_OPERATION_RETRIEVAL: Role.RETRIEVER,

@@ -40,6 +40,7 @@ from ragtrace_collector.conventions.text import reduce_answer, reduce_question
 name: Final = "openinference"
 markers: Final = {semconv.OPENINFERENCE_SPAN_KIND: frozenset({semconv.OI_KIND_RETRIEVER})}
 event_markers: Final = frozenset[str]()
+role_keys: Final = frozenset({semconv.OPENINFERENCE_SPAN_KIND})
 
 _ROLES: Final = {
     semconv.OI_KIND_CHAIN: Role.ROOT,

@@ -41,6 +41,7 @@ markers: Final = {
     semconv.GEN_AI_OPERATION_NAME: frozenset({semconv.TRACELOOP_OPERATION_VECTOR_DB_RETRIEVE})
 }
 event_markers: Final = frozenset({semconv.DB_QUERY_RESULT_EVENT})
+role_keys: Final = frozenset({semconv.GEN_AI_OPERATION_NAME, semconv.TRACELOOP_SPAN_KIND})
 
 _ROOT_KINDS: Final = frozenset({semconv.TRACELOOP_KIND_WORKFLOW, semconv.TRACELOOP_KIND_AGENT})
 

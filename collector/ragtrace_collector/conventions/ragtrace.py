@@ -32,6 +32,7 @@ markers: Final = {
     )
 }
 event_markers: Final = frozenset[str]()
+role_keys: Final = frozenset({semconv.RAGTRACE_SPAN_KIND})
 
 _ROLES: Final = {
     semconv.KIND_RAG: Role.CASE,
