@@ -82,6 +82,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -660,7 +661,9 @@ async def _eval_overhead(n: int, rounds: int = 3) -> dict[str, float]:
         metrics_s = min(metrics_s, time.perf_counter() - t0)
         metrics_cpu = min(metrics_cpu, time.process_time() - cpu0)
     return {
-        **(await _io_floor(n)),
+        # The last round's traces: as built (case building leaves spans as they are),
+        # and as the evaluator left them.
+        **_io_floor(metric_traces, evaluated_traces),
         **_auto_instrumented_build(min(n, 2000)),
         "cases": n,
         "rounds": rounds,
@@ -791,62 +794,58 @@ def _auto_instrumented_build(n: int, rounds: int = 5) -> dict[str, float]:
     traces = _auto_instrumented_traces(n, seed=3)
     built = [build_cases(spans, prefiltered=True) for spans in traces]
     assert all(len(b) == 1 and len(b[0].case.retrieval_context or ()) == 5 for b in built)
-    best = {"build_us": float("inf"), "decode_all_us": float("inf")}
-    for _ in range(rounds):
-        cpu0 = time.process_time()
-        for spans in traces:
-            build_cases(spans, prefiltered=True)
-        best["build_us"] = min(best["build_us"], (time.process_time() - cpu0) / n * 1e6)
-        cpu0 = time.process_time()
-        for spans in traces:
-            for span in spans:
-                attributes_to_dict(span.attributes)
-        best["decode_all_us"] = min(best["decode_all_us"], (time.process_time() - cpu0) / n * 1e6)
+    build, decode_all = _best_cpu_us(
+        n,
+        rounds,
+        lambda: [build_cases(spans, prefiltered=True) for spans in traces],
+        lambda: [[attributes_to_dict(s.attributes) for s in spans] for spans in traces],
+    )
     return {
         "auto_spans_per_trace": float(len(traces[0])),
         "auto_bytes_per_trace": sum(s.ByteSize() for s in traces[0]),
-        "auto_build_us": best["build_us"],
-        "auto_decode_all_us": best["decode_all_us"],
+        "auto_build_us": build,
+        "auto_decode_all_us": decode_all,
     }
 
 
-async def _io_floor(n: int, rounds: int = 5) -> dict[str, float]:
+def _best_cpu_us(n: int, rounds: int, *steps: Callable[[], object]) -> list[float]:
+    """Each step's best CPU time over ``rounds`` runs, the steps interleaved, in µs per
+    one of the ``n`` items it goes through."""
+    best = [float("inf")] * len(steps)
+    for _ in range(rounds):
+        for i, step in enumerate(steps):
+            cpu0 = time.process_time()
+            step()
+            best[i] = min(best[i], time.process_time() - cpu0)
+    return [used / n * 1e6 for used in best]
+
+
+def _io_floor(plain: list[Any], evaluated: list[Any], rounds: int = 5) -> dict[str, float]:
     """What every sampled case costs in the collector's CPU before any case logic, by
-    the protobuf calls alone, on the same traces as part 4 (best of ``rounds``, CPU
-    time): the prefilter's pass over the spans, decoding the attributes of every span
-    of the trace (what case building reads), and parsing into the evaluated span the
-    entries the evaluator writes (its enriched bytes parsed less the original's).  No
-    design of the orchestration in this language avoids these three."""
+    the protobuf calls alone, on part 4's traces (``plain``: as received; ``evaluated``:
+    the same traces as the evaluator left them), best of ``rounds``, CPU time: the
+    prefilter's pass over the spans, decoding the attributes of every span of the trace
+    (what case building reads), and parsing into the evaluated span the entries the
+    evaluator writes (its enriched bytes parsed less the original's).  No design of the
+    orchestration in this language avoids these three."""
     from opentelemetry.proto.trace.v1 import trace_pb2
 
     from ragtrace_collector.case_builder import may_hold_case
-    from ragtrace_collector.judges.offline import OfflineJudge
     from ragtrace_collector.spanattrs import attributes_to_dict
 
-    traces = _eval_traces(n, seed=2)
-    spans = [[s for s, _ in t.spans()] for t in traces]
+    spans = [[s for s, _ in t.spans()] for t in plain]
     original = [group[0].SerializeToString() for group in spans]
-
-    evaluator = _evaluator(_EVAL_METRICS, OfflineJudge(), queue_size=n + 1)
-    evaluator.start()
-    scored = _eval_traces(n, seed=2)
-    await _run_through(evaluator, scored)
-    await evaluator.drain()
-    enriched = [t.groups[0].spans[0].SerializeToString() for t in scored]
-
-    def best(step: Any) -> float:
-        used = float("inf")
-        for _ in range(rounds):
-            cpu0 = time.process_time()
-            step()
-            used = min(used, time.process_time() - cpu0)
-        return used / n * 1e6
-
+    enriched = [t.groups[0].spans[0].SerializeToString() for t in evaluated]
     parse = trace_pb2.Span.FromString
-    prefilter = best(lambda: [may_hold_case(group) for group in spans])
-    decode = best(lambda: [[attributes_to_dict(s.attributes) for s in group] for group in spans])
-    written = best(lambda: [parse(b) for b in enriched])
-    written -= best(lambda: [parse(b) for b in original])
+    prefilter, decode, parse_enriched, parse_original = _best_cpu_us(
+        len(plain),
+        rounds,
+        lambda: [may_hold_case(group) for group in spans],
+        lambda: [[attributes_to_dict(s.attributes) for s in group] for group in spans],
+        lambda: [parse(b) for b in enriched],
+        lambda: [parse(b) for b in original],
+    )
+    written = parse_enriched - parse_original
     return {
         "floor_prefilter_us": prefilter,
         "floor_decode_us": decode,

@@ -225,7 +225,6 @@ class ResultBook:
         self._results: dict[tuple[str, str, str], list[float]] = {}
         #: (service, metric) -> [per-bucket counts (not cumulative; +Inf last)..., sum, created]
         self._scores: dict[tuple[str, str], list[float]] = {}
-        self._bounds = SCORE_BUCKETS
         # As prometheus-client writes them (the tests compare): these bounds print as repr.
         self._les = [repr(float(b)) for b in SCORE_BUCKETS] + ["+Inf"]
         if registry is not None:
@@ -246,29 +245,25 @@ class ResultBook:
         row = self._scores.get((service, metric))
         if row is None:
             row = self._scores[service, metric] = [0.0] * (len(self._les) + 1) + [time.time()]
-        row[bisect.bisect_left(self._bounds, score)] += 1.0
+        row[bisect.bisect_left(SCORE_BUCKETS, score)] += 1.0
         row[-2] += score
 
-    def value(self, service: str, metric: str, outcome: str) -> float:
-        """How many results of (service, metric) had ``outcome`` (0 when none)."""
-        counted = self._results.get((service, metric, outcome))
-        return counted[0] if counted is not None else 0.0
-
     def describe(self) -> list[Metric]:
-        return [
+        return list(self._families())
+
+    def _families(self) -> tuple[HistogramMetricFamily, CounterMetricFamily]:
+        return (
             HistogramMetricFamily(self._SCORE, self._SCORE_HELP, labels=["service", "metric"]),
             CounterMetricFamily(
                 self._RESULTS, self._RESULTS_HELP, labels=["service", "metric", "outcome"]
             ),
-        ]
+        )
 
     def collect(self) -> Iterator[Metric]:
         # Copied first (each copy is one C call, which no loop-thread write interleaves).
         scores = [(key, list(row)) for key, row in list(self._scores.items())]
         results = [(key, list(row)) for key, row in list(self._results.items())]
-        histogram = HistogramMetricFamily(
-            self._SCORE, self._SCORE_HELP, labels=["service", "metric"]
-        )
+        histogram, counter = self._families()
         created: list[Sample] = []
         for (service, metric), row in scores:
             total = 0.0
@@ -282,9 +277,6 @@ class ResultBook:
             )
         histogram.samples.extend(created)
         yield histogram
-        counter = CounterMetricFamily(
-            self._RESULTS, self._RESULTS_HELP, labels=["service", "metric", "outcome"]
-        )
         for (service, metric, outcome), (count, since) in results:
             counter.add_metric([service, metric, outcome], count, created=since)
         yield counter

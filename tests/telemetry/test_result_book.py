@@ -60,9 +60,11 @@ def test_the_exposition_is_prometheus_clients() -> None:
     reference = _reference(results)
     kept = [line for line in ours.splitlines() if re.search(r"ragtrace_eval_(score|results)", line)]
     assert "\n".join(kept) + "\n" == reference
-    assert telemetry.results.value("shop", "faithfulness", "passed") == sum(
-        r[:3] == ("shop", "faithfulness", "passed") for r in results
+    passed = telemetry.registry.get_sample_value(
+        "ragtrace_eval_results_total",
+        {"service": "shop", "metric": "faithfulness", "outcome": "passed"},
     )
+    assert passed == sum(r[:3] == ("shop", "faithfulness", "passed") for r in results)
     sample = telemetry.registry.get_sample_value(
         "ragtrace_eval_score_count", {"service": "bank", "metric": "faithfulness"}
     )
