@@ -499,9 +499,9 @@ def _eval_traces(n: int, seed: int, docs: int = 5) -> list[Any]:
     from opentelemetry.proto.trace.v1 import trace_pb2
 
     from ragtrace import semconv as sc
-    from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
-    from ragtrace_collector.otlp import SpanGroup
-    from ragtrace_collector.spanattrs import set_attributes
+    from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
+    from ragtrace_collector.otlp.codec import SpanGroup
+    from ragtrace_collector.otlp.spanattrs import set_attributes
 
     rng = random.Random(seed)
     resource = resource_pb2.Resource()
@@ -562,14 +562,14 @@ def _evaluator(
     metric_names: tuple[str, ...], judge: Any, processes: int = 0, **evaluation: Any
 ) -> Any:
     """An :class:`OnlineEvaluator`; ``processes`` > 0 gives it a worker pool."""
-    from ragtrace_collector.enrichment import EnrichmentConfig
-    from ragtrace_collector.evalpool import EvaluationPool
-    from ragtrace_collector.evaluator import EvaluationConfig, OnlineEvaluator
+    from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
+    from ragtrace_collector.evaluation.evaluator import EvaluationConfig, OnlineEvaluator
+    from ragtrace_collector.evaluation.pool import EvaluationPool
+    from ragtrace_collector.evaluation.sampling import Sampler, SamplingConfig
     from ragtrace_collector.metrics import build_metrics
-    from ragtrace_collector.sampling import Sampler, SamplingConfig
-    from ragtrace_collector.server import tune_interpreter
-    from ragtrace_collector.session_store import create_session_store
-    from ragtrace_collector.telemetry import Telemetry
+    from ragtrace_collector.service.server import tune_interpreter
+    from ragtrace_collector.service.telemetry import Telemetry
+    from ragtrace_collector.stores.session import create_session_store
 
     tune_interpreter()  # as serve does before it listens
     telemetry = Telemetry()
@@ -612,7 +612,7 @@ async def _run_through(processor: Any, traces: list[Any]) -> tuple[float, float]
 
 
 def _rag_attrs(trace: Any) -> dict[str, Any]:
-    from ragtrace_collector.spanattrs import attributes_to_dict
+    from ragtrace_collector.otlp.spanattrs import attributes_to_dict
 
     return dict(attributes_to_dict(trace.groups[0].spans[0].attributes))
 
@@ -621,10 +621,10 @@ async def _eval_overhead(n: int, rounds: int = 3) -> dict[str, float]:
     """Part 4; each figure is the best of ``rounds`` runs, the three measurements
     interleaved (the machine's noise hits them alike)."""
     from ragtrace import semconv as sc
-    from ragtrace_collector.case_builder import build_cases
+    from ragtrace_collector.evaluation.case_builder import build_cases
     from ragtrace_collector.judges.offline import OfflineJudge
     from ragtrace_collector.metrics import build_metrics
-    from ragtrace_collector.pipeline import PassThroughProcessor
+    from ragtrace_collector.service.pipeline import PassThroughProcessor
 
     judge = OfflineJudge()
     # queue_size fits the whole burst (it only bounds memory); workers stay at default.
@@ -692,7 +692,7 @@ def _auto_instrumented_traces(n: int, seed: int) -> list[list[Any]]:
     from opentelemetry.proto.trace.v1 import trace_pb2
 
     from ragtrace import semconv as sc
-    from ragtrace_collector.spanattrs import set_attributes
+    from ragtrace_collector.otlp.spanattrs import set_attributes
 
     rng = random.Random(seed)
 
@@ -788,8 +788,8 @@ def _auto_instrumented_build(n: int, rounds: int = 5) -> dict[str, float]:
     attribute of every span (what case building did before it read only the case span
     and its retrieval spans in full), CPU time per trace, best of ``rounds``,
     interleaved."""
-    from ragtrace_collector.case_builder import build_cases
-    from ragtrace_collector.spanattrs import attributes_to_dict
+    from ragtrace_collector.evaluation.case_builder import build_cases
+    from ragtrace_collector.otlp.spanattrs import attributes_to_dict
 
     traces = _auto_instrumented_traces(n, seed=3)
     built = [build_cases(spans, prefiltered=True) for spans in traces]
@@ -830,8 +830,8 @@ def _io_floor(plain: list[Any], evaluated: list[Any], rounds: int = 5) -> dict[s
     orchestration in this language avoids these three."""
     from opentelemetry.proto.trace.v1 import trace_pb2
 
-    from ragtrace_collector.case_builder import may_hold_case
-    from ragtrace_collector.spanattrs import attributes_to_dict
+    from ragtrace_collector.evaluation.case_builder import may_hold_case
+    from ragtrace_collector.otlp.spanattrs import attributes_to_dict
 
     spans = [[s for s, _ in t.spans()] for t in plain]
     original = [group[0].SerializeToString() for group in spans]
@@ -861,8 +861,8 @@ def _non_rag_traces(n: int, spans_per_trace: int = 10) -> list[Any]:
     instrumentor but no retriever sends them: the prefilter must read these keys and
     still say "no case"."""
     from ragtrace import semconv as sc
-    from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
-    from ragtrace_collector.otlp import SpanGroup
+    from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
+    from ragtrace_collector.otlp.codec import SpanGroup
 
     req, _ = _template(spans_per_trace, spans_per_trace)
     rs = req.resource_spans[0]
@@ -902,10 +902,10 @@ async def _non_rag(n: int) -> dict[str, float]:
     case" and the trace is forwarded at once), so CPU time is measured: it is what the
     collector's core spends, and it is steadier than wall time on a shared machine."""
     from ragtrace_collector.judges.offline import OfflineJudge
-    from ragtrace_collector.pipeline import PassThroughProcessor
+    from ragtrace_collector.service.pipeline import PassThroughProcessor
 
     try:
-        from ragtrace_collector.case_builder import may_hold_case
+        from ragtrace_collector.evaluation.case_builder import may_hold_case
     except ImportError:  # a version from before the prefilter had its own function
         may_hold_case = None
 
@@ -1059,9 +1059,9 @@ def _transfer_cost(n: int) -> dict[str, float]:
     measured alone, in CPU time; the rest is a socket write and read per batch."""
     import pickle
 
-    from ragtrace_collector.case_builder import build_cases
-    from ragtrace_collector.enrichment import EnrichmentConfig, case_extra, encode_result
-    from ragtrace_collector.evalpool import (  # the pool's wire format, measured alone
+    from ragtrace_collector.evaluation.case_builder import build_cases
+    from ragtrace_collector.evaluation.enrichment import EnrichmentConfig, case_extra, encode_result
+    from ragtrace_collector.evaluation.pool import (  # the pool's wire format, measured alone
         CaseWork,
         _pack_payload,
         _pack_result,

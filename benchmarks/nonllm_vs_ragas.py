@@ -9,7 +9,7 @@ through
   (``await metric.single_turn_ascore(sample)`` per sample, in a separate venv built
   from the hash-pinned ``tools/ragas.lock.txt`` by ``scripts/_env.sh``'s
   ``ensure_ragas``, so that Ragas never enters the project's lock), and
-* ``ragtrace_collector.evaluate.evaluate()`` with the matching metric, one batch per
+* ``ragtrace_collector.offline.runner.evaluate()`` with the matching metric, one batch per
   metric (``asyncio.run(evaluate(cases, [name], None))`` and then
   ``report.scores(name)``, both timed),
 
@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from ragtrace_collector.cases import RAGCase
-from ragtrace_collector.evaluate import evaluate
-from ragtrace_collector.loaders import parse_text
+from ragtrace_collector.offline.loaders import parse_text
+from ragtrace_collector.offline.runner import evaluate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nonllm_recall import contexts  # the same ~200-character texts

@@ -23,13 +23,13 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from ragtrace import semconv
-from ragtrace_collector.config import OtlpHttpExporterConfig, PhoenixExporterConfig
-from ragtrace_collector.enrichment import EnrichmentConfig, EvalSummary, enrich_span
+from ragtrace_collector.evaluation.enrichment import EnrichmentConfig, EvalSummary, enrich_span
+from ragtrace_collector.exporters.config import OtlpHttpExporterConfig, PhoenixExporterConfig
 from ragtrace_collector.exporters.otlp_http import OtlpHttpExporter
 from ragtrace_collector.exporters.phoenix import PhoenixExporter
-from ragtrace_collector.otlp import Span, SpanGroup
+from ragtrace_collector.otlp.codec import Span, SpanGroup
+from ragtrace_collector.otlp.spanattrs import set_attributes
 from ragtrace_collector.results import MetricResult
-from ragtrace_collector.spanattrs import set_attributes
 
 _METRICS = (
     "id_context_recall",
@@ -105,7 +105,7 @@ async def _time(
 
 async def main(traces: int, repeat: int) -> None:
     endpoint = "http://127.0.0.1:6006"
-    from ragtrace_collector.telemetry import Telemetry
+    from ragtrace_collector.service.telemetry import Telemetry
 
     otlp = OtlpHttpExporter(
         "otlp",

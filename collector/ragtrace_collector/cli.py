@@ -39,7 +39,7 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     eval_epilog = None
     if argv is not None and "eval" in argv:
         # Only `eval` pays for importing the metric and field names its help lists.
-        from ragtrace_collector.eval_cli import epilog
+        from ragtrace_collector.offline.cli import epilog
 
         eval_epilog = epilog()
 
@@ -141,7 +141,7 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         help="skip (as a bad row) any row with more characters of text (default 1000000)",
     )
 
-    from ragtrace_collector.replay import add_arguments as replay_arguments
+    from ragtrace_collector.storage.replay import add_arguments as replay_arguments
 
     replay = sub.add_parser(
         "replay",
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser(argv).parse_args(argv)
     if args.command == "serve":
-        from ragtrace_collector.server import serve_command
+        from ragtrace_collector.service.server import serve_command
 
         overrides = dict(args.set)
         for flag, key in _ENDPOINT_FLAGS.items():
@@ -164,15 +164,15 @@ def main(argv: list[str] | None = None) -> int:
                 overrides[key] = value
         return serve_command(args.config, overrides)
     if args.command == "check-config":
-        from ragtrace_collector.preflight import check_config_command
+        from ragtrace_collector.service.preflight import check_config_command
 
         return check_config_command(args.config)
     if args.command == "eval":
-        from ragtrace_collector.eval_cli import eval_command
+        from ragtrace_collector.offline.cli import eval_command
 
         return eval_command(args)
     if args.command == "replay":
-        from ragtrace_collector.replay import replay_command
+        from ragtrace_collector.storage.replay import replay_command
 
         return replay_command(args)
     raise AssertionError(args.command)  # argparse enforces the choices

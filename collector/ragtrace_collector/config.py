@@ -12,8 +12,12 @@ Durations accept a number of seconds or a string with a unit (``250ms``, ``2s``,
 on 127.0.0.1:4317/4318, admin on 127.0.0.1:8888, spans written to
 ``ragtrace-spans.jsonl``.
 
-To add a section (sampling, evaluation, ...), add a model and a field to
-:class:`CollectorConfig`; keep ``extra="forbid"`` by deriving from :class:`StrictModel`.
+Each section's model lives next to the component it configures (``receivers/config.py``,
+``exporters/config.py``, ``evaluation/config.py``, ``storage/config.py``, ...); this module
+only composes them into :class:`CollectorConfig` and loads the file.  To add a section,
+write its model beside its code, deriving from
+:class:`~ragtrace_collector.configbase.StrictModel` (unknown keys are errors), and add a
+field here.
 """
 
 from __future__ import annotations
@@ -25,64 +29,41 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
-from urllib.parse import urlsplit
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
-    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-from ragtrace_collector.alerts.config import AlertsConfig, check_one_auth_source
-from ragtrace_collector.case_builder import CasesConfig
-from ragtrace_collector.enrichment import EnrichmentConfig
+from ragtrace_collector.alerts.config import AlertsConfig
+from ragtrace_collector.assembly.config import AssemblyConfig
+from ragtrace_collector.configbase import StrictModel
+from ragtrace_collector.evaluation.case_builder import CasesConfig
+from ragtrace_collector.evaluation.config import EvaluationConfig
+from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
+from ragtrace_collector.evaluation.sampling import SamplingConfig
+from ragtrace_collector.exporters.config import (
+    ExporterConfig,
+    PhoenixExporterConfig,
+    default_exporters,
+)
 from ragtrace_collector.judges.config import JudgeConfig
-from ragtrace_collector.metrics import METRIC_NAMES, OFFLINE_METRICS, MetricOptions
-from ragtrace_collector.redaction import redact, url_secrets
-from ragtrace_collector.reference_store import ReferenceStoreConfig
-from ragtrace_collector.sampling import SamplingConfig
-from ragtrace_collector.session_store import SessionStoreConfig
+from ragtrace_collector.metrics import OFFLINE_METRICS, MetricOptions
+from ragtrace_collector.metrics.config import MetricName, expand_include_defaults
+from ragtrace_collector.receivers.config import ReceiversConfig
+from ragtrace_collector.service.config import AdminConfig, LoggingConfig, ShutdownConfig
+from ragtrace_collector.service.redaction import redact, url_secrets
 from ragtrace_collector.storage.config import StorageConfig
-from ragtrace_collector.units import parse_duration, parse_size
+from ragtrace_collector.stores.reference import ReferenceStoreConfig
+from ragtrace_collector.stores.session import SessionStoreConfig
 
-__all__ = [
-    "AdminConfig",
-    "AssemblyConfig",
-    "AuthConfig",
-    "ByteSize",
-    "ClientTLSConfig",
-    "CollectorConfig",
-    "ConfigError",
-    "Duration",
-    "EvaluationConfig",
-    "ExporterConfig",
-    "FileExporterConfig",
-    "GrpcReceiverConfig",
-    "HttpReceiverConfig",
-    "LoggingConfig",
-    "OtlpGrpcExporterConfig",
-    "OtlpHttpExporterConfig",
-    "PhoenixAnnotationsConfig",
-    "PhoenixExporterConfig",
-    "QueueConfig",
-    "ReceiversConfig",
-    "RetryConfig",
-    "ServerTLSConfig",
-    "ShutdownConfig",
-    "StrictModel",
-    "expand_include_defaults",
-    "load_config",
-    "parse_config",
-    "split_host_port",
-]
+__all__ = ["CollectorConfig", "ConfigError", "load_config", "parse_config"]
 
 
 class ConfigError(ValueError):
@@ -90,7 +71,7 @@ class ConfigError(ValueError):
 
     ``partial`` is the configuration built from the top-level sections that are valid
     (the others at their defaults) and ``failed_sections`` names the others, so that
-    ``check-config`` can run the checks of :mod:`ragtrace_collector.preflight` on what
+    ``check-config`` can run the checks of :mod:`ragtrace_collector.service.preflight` on what
     is valid and report everything in one pass.  ``partial`` is None when no such
     configuration could be built."""
 
@@ -116,520 +97,9 @@ class ConfigError(ValueError):
 
 
 # ----------------------------------------------------------------- value types
-#: Seconds, from a number or a string such as ``"250ms"``, ``"2s"`` or ``"1h30m"``.
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
-#: Bytes, from a number or a string such as ``"16MiB"``.
-ByteSize = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
-
-
-def split_host_port(endpoint: str) -> tuple[str, int]:
-    """``"127.0.0.1:4317"`` -> ``("127.0.0.1", 4317)``; ``"[::1]:4317"`` works too."""
-    host, sep, port_text = endpoint.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{endpoint!r} is not host:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"{endpoint!r}: port {port_text!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"{endpoint!r}: port {port} is out of range 0-65535")
-    return host, port
-
-
-def _check_listen_endpoint(value: str) -> str:
-    split_host_port(value)
-    return value
-
-
-def _check_file(path: Path | None) -> Path | None:
-    if path is not None and not path.is_file():
-        raise ValueError(f"file not found: {path}")
-    return path
-
-
-def _check_metric_name(name: str) -> str:
-    if name not in METRIC_NAMES:
-        close = difflib.get_close_matches(name, METRIC_NAMES, n=2, cutoff=0.6)
-        hint = " or ".join(repr(c) for c in close)
-        raise ValueError(
-            f"unknown metric {name!r} (did you mean {hint}?)"
-            if close
-            else f"unknown metric {name!r} (known metrics: {', '.join(METRIC_NAMES)})"
-        )
-    return name
-
-
-#: A metric name of docs/metrics.md; each unknown name is its own error.
-MetricName = Annotated[str, AfterValidator(_check_metric_name)]
-
-
-def expand_include_defaults(value: Any) -> Any:
-    """``metrics: {include_defaults: true, faithfulness: {}}``: the default set plus
-    faithfulness (a metric listed again keeps its own options)."""
-    if not isinstance(value, Mapping) or "include_defaults" not in value:
-        return value
-    data = dict(value)
-    flag = data.pop("include_defaults")
-    if not isinstance(flag, bool):
-        raise ValueError(f"include_defaults: expected true or false, got {flag!r}")
-    if not flag:
-        return data
-    return {**{name: data.pop(name, {}) for name in OFFLINE_METRICS}, **data}
-
-
-class StrictModel(BaseModel):
-    """Base of every config section: unknown keys are errors."""
-
-    model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
 # -------------------------------------------------------------------- sections
-class ServerTLSConfig(StrictModel):
-    """TLS for a receiver: a certificate chain and its private key (PEM files)."""
-
-    cert_file: Path = Field(description="PEM file of the server certificate (chain).")
-    key_file: Path = Field(description="PEM file of the certificate's private key.")
-    #: When set, clients must present a certificate signed by this CA (mTLS).
-    client_ca_file: Path | None = None
-
-    _files = field_validator("cert_file", "key_file", "client_ca_file")(_check_file)
-
-
-class ClientTLSConfig(StrictModel):
-    """TLS for an exporter.  https endpoints use TLS; these options tune it."""
-
-    #: CA bundle to verify the backend (default: the system's).
-    ca_file: Path | None = None
-    #: Client certificate and key, for backends that want mTLS.
-    cert_file: Path | None = None
-    key_file: Path | None = Field(
-        None, description="Private key of the client certificate (set with cert_file)."
-    )
-    #: Skip certificate verification (HTTP exporter only; for tests, never production).
-    insecure_skip_verify: bool = False
-
-    _files = field_validator("ca_file", "cert_file", "key_file")(_check_file)
-
-    @model_validator(mode="after")
-    def _pair(self) -> ClientTLSConfig:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file must be set together")
-        return self
-
-
-class AuthConfig(StrictModel):
-    """Bearer-token authentication of incoming exports (both receivers)."""
-
-    #: Accepted tokens; clients send ``Authorization: Bearer <token>``.  Empty: no auth.
-    bearer_tokens: list[SecretStr] = Field(default_factory=list)
-
-    @field_validator("bearer_tokens")
-    @classmethod
-    def _non_empty(cls, tokens: list[SecretStr]) -> list[SecretStr]:
-        for token in tokens:
-            if not token.get_secret_value().strip():
-                raise ValueError("a bearer token must not be empty")
-        return tokens
-
-
-class GrpcReceiverConfig(StrictModel):
-    enabled: bool = Field(True, description="Serve OTLP/gRPC.")
-    endpoint: Annotated[str, BeforeValidator(str)] = Field(
-        "127.0.0.1:4317", description="host:port to listen on (`0.0.0.0:4317` in a container)."
-    )
-    tls: ServerTLSConfig | None = Field(
-        None, description="Serve TLS with this certificate; unset: plaintext."
-    )
-    #: Largest accepted request message (after decompression).
-    max_request_bytes: ByteSize = 16 * 1024 * 1024
-    #: Calls in progress at once on one connection (HTTP/2 streams).
-    max_concurrent_streams: int = Field(100, ge=1)
-    #: A connection with no call in progress is closed after this.
-    keepalive_timeout: Duration = Field(300.0, gt=0)
-
-    _endpoint = field_validator("endpoint")(_check_listen_endpoint)
-
-
-class HttpReceiverConfig(StrictModel):
-    enabled: bool = Field(True, description="Serve OTLP/HTTP (`POST /v1/traces`).")
-    endpoint: Annotated[str, BeforeValidator(str)] = Field(
-        "127.0.0.1:4318", description="host:port to listen on (`0.0.0.0:4318` in a container)."
-    )
-    tls: ServerTLSConfig | None = Field(
-        None, description="Serve TLS with this certificate; unset: plaintext."
-    )
-    #: Largest accepted body, both as sent and after gzip decompression (else 413).
-    max_request_bytes: ByteSize = 16 * 1024 * 1024
-    #: Most gzip members one body may hold (else 413); clients send one.
-    max_gzip_members: int = Field(16, ge=1)
-    #: A connection that has not sent a complete request head within this is closed.
-    read_header_timeout: Duration = Field(10.0, gt=0)
-    #: The body of a request must arrive within this (else 408).
-    read_timeout: Duration = Field(60.0, gt=0)
-    #: An idle keep-alive connection is closed after this.
-    keepalive_timeout: Duration = Field(30.0, gt=0)
-    #: Connections open at once; past it, a new connection gets 503 and is closed.
-    max_connections: int = Field(512, ge=1)
-
-    _endpoint = field_validator("endpoint")(_check_listen_endpoint)
-
-
-class ReceiversConfig(StrictModel):
-    grpc: GrpcReceiverConfig = Field(
-        default_factory=GrpcReceiverConfig, description="The OTLP/gRPC receiver."
-    )
-    http: HttpReceiverConfig = Field(
-        default_factory=HttpReceiverConfig,
-        description="The OTLP/HTTP receiver: protobuf or JSON bodies, optionally gzip.",
-    )
-    auth: AuthConfig = Field(
-        default_factory=AuthConfig, description="Bearer-token authentication (both receivers)."
-    )
-    #: Delay suggested to throttled clients (HTTP Retry-After, gRPC RetryInfo).
-    retry_after: Duration = 1.0
-
-
-class AssemblyConfig(StrictModel):
-    #: A trace whose root has arrived is ready after this long without a new span.
-    decision_wait: Duration = 2.0
-    #: A trace is released this long after its first span, root or not.
-    max_trace_wait: Duration = 30.0
-    #: Over this many buffered spans, the oldest traces are released early.
-    max_buffered_spans: int = Field(default=100_000, ge=1)
-    #: How many released trace ids to remember, to recognise late spans.
-    late_trace_ids: int = Field(default=100_000, ge=0)
-    #: How long a released trace id is remembered.
-    late_trace_ttl: Duration = 600.0
-
-    @model_validator(mode="after")
-    def _order(self) -> AssemblyConfig:
-        if self.decision_wait > self.max_trace_wait:
-            raise ValueError(
-                f"decision_wait ({self.decision_wait}s) must not exceed "
-                f"max_trace_wait ({self.max_trace_wait}s)"
-            )
-        return self
-
-
-class RetryConfig(StrictModel):
-    """Exponential backoff with jitter, for retryable export failures."""
-
-    initial_interval: Duration = Field(0.5, description="Delay before the first retry.")
-    max_interval: Duration = Field(10.0, description="Longest delay between two attempts.")
-    multiplier: float = Field(
-        default=2.0, ge=1.0, description="Each delay is the previous one times this."
-    )
-    #: Each delay is multiplied by a random factor in [1 - jitter, 1 + jitter].
-    jitter: float = Field(default=0.2, ge=0.0, le=1.0)
-    #: Give up on a batch after this long (counted as dropped).  None: retry until
-    #: it is delivered or the shutdown deadline passes.
-    max_elapsed_time: Duration | None = None
-
-
-class QueueConfig(StrictModel):
-    """An exporter's bounded queue (spans waiting plus spans in flight)."""
-
-    max_spans: int = Field(default=50_000, ge=1, description="Spans queued or in flight.")
-    #: backpressure: receivers refuse new spans while the queue is full (nothing is
-    #: lost; clients retry).  drop_oldest: the oldest queued spans are dropped, counted.
-    on_full: Literal["backpressure", "drop_oldest"] = "backpressure"
-
-
-class _ExporterBase(StrictModel):
-    queue: QueueConfig = Field(
-        default_factory=QueueConfig, description="The bounded queue in front of the exporter."
-    )
-    retry: RetryConfig = Field(
-        default_factory=RetryConfig,
-        description="Backoff for retryable failures (unreachable backend, 429, 5xx).",
-    )
-    #: Most spans in one export request.  Traces are packed whole up to it; a trace
-    #: with more spans is cut into several requests of at most this many, in order.
-    max_batch_spans: int = Field(default=2048, ge=1)
-    #: Export requests in flight at once.
-    concurrency: int = Field(default=2, ge=1, le=64)
-    #: Timeout of one export call.
-    timeout: Duration = 10.0
-
-
-class _HttpExporterBase(_ExporterBase):
-    """What every exporter that POSTs OTLP/HTTP shares."""
-
-    type: str
-    endpoint: str
-    headers: dict[str, str] = Field(
-        default_factory=dict,
-        description="Headers sent with every export (e.g. an API key); never logged.",
-    )
-    compression: Literal["gzip", "none"] = Field(
-        "gzip", description="Compression of the request bodies."
-    )
-    tls: ClientTLSConfig = Field(
-        default_factory=ClientTLSConfig, description="TLS options for an https:// endpoint."
-    )
-
-    @field_validator("endpoint")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{value!r} is not an http:// or https:// URL")
-        return value
-
-    @model_validator(mode="after")
-    def _one_auth_source(self) -> _HttpExporterBase:
-        check_one_auth_source(self.endpoint, self.headers)
-        return self
-
-    def traces_url(self) -> str:
-        parts = urlsplit(self.endpoint)
-        if parts.path in ("", "/"):
-            return self.endpoint.rstrip("/") + "/v1/traces"
-        return self.endpoint
-
-
-class OtlpHttpExporterConfig(_HttpExporterBase):
-    type: Literal["otlp_http"]
-    #: Base URL (``/v1/traces`` is appended) or the full URL of the traces endpoint.
-    endpoint: str
-
-
-class PhoenixAnnotationsConfig(StrictModel):
-    """Which results the Phoenix exporter posts as annotations, and how long it waits
-    for Phoenix to store a span before it gives up on that span's annotations."""
-
-    spans: bool = Field(True, description="Each metric result as a span annotation.")
-    documents: bool = Field(
-        True,
-        description="Per-document verdicts as document annotations on the retriever span.",
-    )
-    sessions: bool = Field(True, description="Conversation scores as session annotations.")
-    max_wait: Duration = Field(
-        30.0,
-        gt=0,
-        description="Phoenix stores spans asynchronously: annotations for a span it does not "
-        "have yet are retried with backoff for this long, then counted as given up (the "
-        "export worker waits meanwhile, so a stuck Phoenix slows the queue, never loses it).",
-    )
-
-
-class PhoenixExporterConfig(_HttpExporterBase):
-    """Arize Phoenix: spans over OTLP/HTTP, results as native Phoenix annotations."""
-
-    type: Literal["phoenix"]
-    #: Phoenix's base URL, e.g. ``http://localhost:6006`` (``/v1/traces`` and the
-    #: annotation endpoints are below it).
-    endpoint: str
-    project: str | None = Field(
-        None,
-        description="Phoenix project for every span (the openinference.project.name resource "
-        "attribute); unset: the app's own, else Phoenix's default project.",
-    )
-    api_key: SecretStr | None = Field(
-        None, description="Sent as `Authorization: Bearer ...` (e.g. `${PHOENIX_API_KEY}`)."
-    )
-    annotations: PhoenixAnnotationsConfig = Field(
-        default_factory=PhoenixAnnotationsConfig,
-        description="Span, document and session annotations.",
-    )
-    carrier_spans: bool = Field(
-        False,
-        description="Also send the EVALUATOR carrier spans of late results; their results "
-        "become annotations on the evaluated span either way.",
-    )
-
-    def base_url(self) -> str:
-        return self.endpoint.rstrip("/")
-
-    def traces_url(self) -> str:
-        return self.base_url() + "/v1/traces"
-
-
-class OtlpGrpcExporterConfig(_ExporterBase):
-    type: Literal["otlp_grpc"]
-    #: ``host:port``, ``http://host:port`` (plaintext) or ``https://host:port`` (TLS).
-    endpoint: str
-    headers: dict[str, str] = Field(
-        default_factory=dict,
-        description="gRPC metadata sent with every export (keys lower-cased); never logged.",
-    )
-    compression: Literal["gzip", "none"] = Field(
-        "gzip", description="Compression of the export messages."
-    )
-    tls: ClientTLSConfig = Field(
-        default_factory=ClientTLSConfig,
-        description="TLS options; a bare host:port uses TLS when a CA or client "
-        "certificate is set.",
-    )
-    #: Force plaintext even for a bare host:port (the default) — or TLS with false.
-    insecure: bool | None = None
-
-    @field_validator("endpoint")
-    @classmethod
-    def _target(cls, value: str) -> str:
-        cls._split(value)
-        return value
-
-    @field_validator("headers")
-    @classmethod
-    def _lower_keys(cls, headers: dict[str, str]) -> dict[str, str]:
-        return {k.lower(): v for k, v in headers.items()}
-
-    @staticmethod
-    def _split(value: str) -> tuple[str, bool | None]:
-        if "://" in value:
-            parts = urlsplit(value)
-            if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
-                raise ValueError(
-                    f"{value!r} is not host:port, http://host:port or https://host:port"
-                )
-            # gRPC has no userinfo: credentials go in headers, never into the target.
-            host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-            return f"{host}:{parts.port}", parts.scheme == "https"
-        split_host_port(value)
-        return value, None
-
-    def target(self) -> str:
-        return self._split(self.endpoint)[0]
-
-    def use_tls(self) -> bool:
-        if self.insecure is not None:
-            return not self.insecure
-        scheme_tls = self._split(self.endpoint)[1]
-        if scheme_tls is not None:
-            return scheme_tls
-        return self.tls.ca_file is not None or self.tls.cert_file is not None
-
-
-class FileExporterConfig(_ExporterBase):
-    """OTLP/JSON lines, one ExportTraceServiceRequest per line, size-based rotation."""
-
-    type: Literal["file"]
-    path: Path = Field(description="File the OTLP/JSON lines are appended to.")
-    #: Rotate when the file would grow past this size.
-    max_bytes: ByteSize = 100 * 1024 * 1024
-    #: Rotated files kept (path.1 ... path.N); older ones are deleted.
-    keep: int = Field(default=5, ge=0)
-    concurrency: int = Field(default=1, ge=1, le=1)
-
-
-ExporterConfig = Annotated[
-    OtlpHttpExporterConfig | OtlpGrpcExporterConfig | FileExporterConfig | PhoenixExporterConfig,
-    Field(discriminator="type"),
-]
-
-
-def _default_exporters() -> dict[str, ExporterConfig]:
-    return {"file": FileExporterConfig(type="file", path=Path("ragtrace-spans.jsonl"))}
-
-
-class AdminConfig(StrictModel):
-    """The admin HTTP port: /metrics, /healthz, /readyz."""
-
-    enabled: bool = Field(True, description="Serve the admin port.")
-    endpoint: Annotated[str, BeforeValidator(str)] = Field(
-        "127.0.0.1:8888", description="host:port to listen on (`0.0.0.0:8888` in a container)."
-    )
-    unhealthy_after: Duration = Field(
-        300.0,
-        description="`/healthz` answers 503 once a component has been in "
-        "`recoverable_error` this long (a backend or Redis down); `permanent_error` "
-        "answers 503 at once.",
-    )
-
-    _endpoint = field_validator("endpoint")(_check_listen_endpoint)
-
-
-class LoggingConfig(StrictModel):
-    level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Lowest level written."
-    )
-    format: Literal["auto", "json", "console"] = Field(
-        "auto",
-        description="`json`: one JSON object per line; `console`: for humans; `auto`: "
-        "`console` when stderr is a terminal, else `json`.",
-    )
-    third_party_debug: bool = Field(
-        False,
-        description="Let `openai`, `httpx`, `httpcore` and `litellm` log below WARNING "
-        "(and litellm's verbose mode).  A privacy risk: at debug level they write whole "
-        "judge requests, i.e. user questions and retrieved documents.",
-    )
-
-
-class ShutdownConfig(StrictModel):
-    """Deadlines of the graceful shutdown (SIGTERM, SIGINT)."""
-
-    #: In-flight requests may finish within this after the receivers stop.
-    receiver_grace: Duration = 5.0
-    #: The trace processor may finish held traces within this; then they go out as is.
-    processor_timeout: Duration = 10.0
-    #: Exporters may deliver their queues within this; what remains is counted dropped.
-    flush_timeout: Duration = 20.0
-    #: Without a write-ahead log (``storage.directory``): spans undelivered at the
-    #: deadline are appended here as OTLP/JSON lines (the file exporter's format);
-    #: ``ragtrace-collector replay FILE --endpoint URL`` sends them again.
-    spill_path: Path | None = None
-
-
-class EvaluationConfig(StrictModel):
-    """How much evaluation work is in flight, and its deadlines."""
-
-    #: false: forward every trace unevaluated (a plain OTLP pass-through).
-    enabled: bool = True
-    #: Options applied to every metric under ``metrics:`` (e.g. ``threshold: 0.7``).
-    metric_defaults: dict[str, Any] = Field(default_factory=dict)
-    #: Traces evaluated concurrently (judge calls are limited by ``judge.concurrency``).
-    workers: int = Field(32, ge=1, le=4096)
-    #: Sampled traces waiting for a worker; beyond it they pass unevaluated (overload).
-    queue_size: int = Field(1000, ge=1)
-    #: One metric on one case.
-    metric_timeout: Duration = Field(30.0, gt=0)
-    #: All metrics of one trace; then the trace is forwarded with what is done.
-    trace_timeout: Duration = Field(60.0, gt=0)
-    #: A metric still running at ``trace_timeout``: ``drop`` records
-    #: ``error="timeout"``; ``carrier`` lets it finish and sends its result on a
-    #: carrier span.
-    late_results: Literal["drop", "carrier"] = "drop"
-    #: Worker processes that run the CPU part of evaluation (the metrics that need no
-    #: judge or use the offline judge), so that it uses every core and never blocks
-    #: the event loop; a metric running past ``metric_timeout`` has its worker killed
-    #: and replaced.  Unset: the CPU count, at most 4.  ``0``: no worker processes;
-    #: those metrics run in the collector process, on its event loop, where
-    #: ``metric_timeout`` cannot interrupt them (for embedding and debugging only).
-    processes: int | None = Field(None, ge=0, le=64)
-    #: A case whose CPU metrics all need no judge (``id_*``, ``non_llm_*``) and whose
-    #: texts total at most this many characters is scored in the collector process:
-    #: shipping it to a worker would cost more than scoring it.  Otherwise all its CPU
-    #: metrics go to one worker together.  ``0``: they always go to the workers.
-    inline_max_chars: int = Field(8192, ge=0)
-    #: Bound on the total characters of a case's retrieval context (and, separately,
-    #: of its reference contexts).  See ``oversize``.
-    max_context_chars: int = Field(100_000, ge=1)
-    #: Bound on the characters of a case's expected output.
-    max_expected_output_chars: int = Field(20_000, ge=1)
-    #: Bound on the characters of a case's input, and of its actual output.
-    max_output_chars: int = Field(20_000, ge=1)
-    #: A case over a bound: ``skip`` its metrics (each result is skipped with the
-    #: reason on the span), or ``truncate`` the inputs to the bounds and score them,
-    #: the reason of every result saying what was cut.
-    oversize: Literal["skip", "truncate"] = "skip"
-
-    @property
-    def worker_processes(self) -> int:
-        """``processes``, with unset resolved to the CPU count (at most 4)."""
-        return self.processes if self.processes is not None else _default_processes()
-
-
-def _default_processes() -> int:
-    """The CPU count this process may use, capped at 4."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(4, cpus))
 
 
 class CollectorConfig(StrictModel):
@@ -644,7 +114,7 @@ class CollectorConfig(StrictModel):
         description="Grouping spans into traces: when a trace is ready, memory bounds.",
     )
     exporters: dict[str, ExporterConfig] = Field(
-        default_factory=_default_exporters,
+        default_factory=default_exporters,
         description="Where spans go, evaluated or not: exporters under names you choose, "
         "each of the kind set by its `type`.  At least one.",
     )
@@ -731,11 +201,8 @@ class CollectorConfig(StrictModel):
         found = [t.get_secret_value() for t in self.receivers.auth.bearer_tokens]
         urls: list[str | None] = [self.session_store.url, self.judge.api_base]
         for exporter in self.exporters.values():
-            if isinstance(exporter, _HttpExporterBase | OtlpGrpcExporterConfig):
-                found += list(exporter.headers.values())
-                urls.append(exporter.endpoint)
-            if isinstance(exporter, PhoenixExporterConfig) and exporter.api_key is not None:
-                found.append(exporter.api_key.get_secret_value())
+            found += exporter.secrets()
+            urls.append(exporter.secret_url())
         for notifier in (self.alerts.webhook, self.alerts.alertmanager):
             if notifier is not None:
                 found += list(notifier.headers.values())

@@ -10,8 +10,8 @@ import structlog
 import yaml
 
 from ragtrace_collector.config import parse_config
-from ragtrace_collector.stage import build_stage
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.evaluation.stage import build_stage
+from ragtrace_collector.service.telemetry import Telemetry
 from tests.alerting_e2e._support import COLLECTOR_BIN, DETECTOR_RULE, collector_data
 from tests.fakes.otlp_sink import OtlpSink
 

@@ -18,7 +18,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.service.telemetry import Telemetry
 from tests.alerts.dashboard import (
     GRAFANA,
     REQUIRED_FAMILIES,

@@ -13,7 +13,7 @@ import pytest
 
 from ragtrace_collector.alerts import AlertsConfig, DropDetector, LogNotifier
 from ragtrace_collector.alerts.notifiers import AlertmanagerNotifier, WebhookNotifier
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.service.telemetry import Telemetry
 
 from ._support import Clock, Noise, RecordingNotifier, detector, drive, rule, simulate
 

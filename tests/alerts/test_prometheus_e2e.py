@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 
 from ragtrace_collector.alerts.promrules import SHIPPED_ALERTS, render_rules, with_durations
-from ragtrace_collector.telemetry import CONTENT_TYPE_LATEST, Telemetry
+from ragtrace_collector.service.telemetry import CONTENT_TYPE_LATEST, Telemetry
 from tests.fakes.services import (
     async_alertmanager,
     async_prometheus,

@@ -26,8 +26,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ragtrace import semconv
 from ragtrace_collector.config import CollectorConfig, parse_config
-from ragtrace_collector.pipeline import PassThroughProcessor, TraceProcessor
-from ragtrace_collector.server import CollectorService
+from ragtrace_collector.service.pipeline import PassThroughProcessor, TraceProcessor
+from ragtrace_collector.service.server import CollectorService
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan, attributes_of
 
 T = TypeVar("T")

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from ragtrace_collector.assembly import AssembledTrace, Assembler, ReleaseReason
-from ragtrace_collector.config import AssemblyConfig
-from ragtrace_collector.otlp import split_request
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.assembly.assembler import AssembledTrace, Assembler, ReleaseReason
+from ragtrace_collector.assembly.config import AssemblyConfig
+from ragtrace_collector.otlp.codec import split_request
+from ragtrace_collector.service.telemetry import Telemetry
 from tests.collector.otlp_data import make_request, make_span, new_trace_id, rag_trace
 
 

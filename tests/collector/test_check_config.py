@@ -15,7 +15,7 @@ import pytest
 from ragtrace_collector.cli import main
 from ragtrace_collector.config import ConfigError, parse_config
 from ragtrace_collector.metrics import OFFLINE_METRICS
-from ragtrace_collector.preflight import preflight_problems
+from ragtrace_collector.service.preflight import preflight_problems
 from tests.collector.harness import serve_until_exit
 
 COLLECTOR = Path(sys.executable).with_name("ragtrace-collector")

@@ -16,15 +16,13 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 )
 
 from ragtrace_collector.cli import main
-from ragtrace_collector.config import (
-    ConfigError,
+from ragtrace_collector.config import ConfigError, load_config, parse_config
+from ragtrace_collector.exporters.config import (
     FileExporterConfig,
     OtlpGrpcExporterConfig,
     OtlpHttpExporterConfig,
-    load_config,
-    parse_config,
 )
-from ragtrace_collector.otlp import decode_json_request, iter_spans
+from ragtrace_collector.otlp.codec import decode_json_request, iter_spans
 from tests.collector.harness import emit_rag_request, make_app, span_key
 
 COLLECTOR = Path(sys.executable).with_name("ragtrace-collector")

@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from ragtrace_collector.config import (
+from ragtrace_collector.exporters import build_exporter
+from ragtrace_collector.exporters.config import (
     FileExporterConfig,
     OtlpGrpcExporterConfig,
     OtlpHttpExporterConfig,
     PhoenixExporterConfig,
 )
-from ragtrace_collector.exporters import build_exporter
-from ragtrace_collector.otlp import SpanGroup, build_request
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.otlp.codec import SpanGroup, build_request
+from ragtrace_collector.service.telemetry import Telemetry
 from tests.collector.otlp_data import make_request, rag_trace
 
 KINDS: dict[str, tuple[str, Any, dict[str, Any]]] = {

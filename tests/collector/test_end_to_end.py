@@ -17,7 +17,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 
 import ragtrace
 from ragtrace import semconv
-from ragtrace_collector.otlp import encode_json
+from ragtrace_collector.otlp.codec import encode_json
 from tests.collector.harness import (
     assert_delivered_exactly,
     collector_config,

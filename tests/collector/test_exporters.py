@@ -14,7 +14,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 )
 
 from ragtrace_collector.exporters.file import rotated_paths
-from ragtrace_collector.otlp import decode_json_request, iter_spans
+from ragtrace_collector.otlp.codec import decode_json_request, iter_spans
 from tests.collector.harness import (
     collector_config,
     emit_rag_request,

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from ragtrace_collector.server import SWITCH_INTERVAL_S
+from ragtrace_collector.service.server import SWITCH_INTERVAL_S
 from tests.collector.hostile import (
     PROTOBUF,
     LoadOutcome,
@@ -310,8 +310,8 @@ def test_connections_over_the_cap_get_503_and_are_closed(sink: OtlpSink, tmp_pat
 
 _FREEZE_PROBE = """
 import asyncio, gc, json, sys
-from ragtrace_collector.pipeline import PassThroughProcessor
-from ragtrace_collector.server import CollectorService
+from ragtrace_collector.service.pipeline import PassThroughProcessor
+from ragtrace_collector.service.server import CollectorService
 from tests.collector.harness import collector_config
 
 async def main():

@@ -18,23 +18,24 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ragtrace import semconv
-from ragtrace_collector.case_builder import build_cases
-from ragtrace_collector.config import ConfigError, PhoenixExporterConfig, parse_config
-from ragtrace_collector.document_verdicts import decode_verdicts, document_verdicts
-from ragtrace_collector.enrichment import (
+from ragtrace_collector.config import ConfigError, parse_config
+from ragtrace_collector.evaluation.case_builder import build_cases
+from ragtrace_collector.evaluation.document_verdicts import decode_verdicts, document_verdicts
+from ragtrace_collector.evaluation.enrichment import (
     EnrichmentConfig,
     EvalSummary,
     enrich_span,
     make_carrier_span,
 )
 from ragtrace_collector.exporters import build_exporter
+from ragtrace_collector.exporters.config import PhoenixExporterConfig
 from ragtrace_collector.exporters.phoenix import PhoenixExporter, is_carrier, read_annotations
 from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.metrics import build_metrics
-from ragtrace_collector.otlp import SpanGroup
+from ragtrace_collector.otlp.codec import SpanGroup
+from ragtrace_collector.otlp.spanattrs import set_attributes
 from ragtrace_collector.results import MetricResult
-from ragtrace_collector.spanattrs import set_attributes
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.service.telemetry import Telemetry
 from tests.online_eval._spans import make_span
 
 DOCS = [

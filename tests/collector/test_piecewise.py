@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from ragtrace_collector.otlp import OtlpDecodeError, decode_protobuf_request
-from ragtrace_collector.piecewise import WHOLE_BYTES, parse_in_pieces
+from ragtrace_collector.otlp.codec import OtlpDecodeError, decode_protobuf_request
+from ragtrace_collector.otlp.piecewise import WHOLE_BYTES, parse_in_pieces
 from tests.collector.hostile import wide_trace
 from tests.collector.otlp_data import make_request, make_span, new_trace_id
 

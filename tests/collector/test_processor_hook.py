@@ -14,8 +14,8 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from ragtrace import semconv
-from ragtrace_collector.pipeline import AssembledTrace, Forward, ReleaseReason
-from ragtrace_collector.server import CollectorService
+from ragtrace_collector.service.pipeline import AssembledTrace, Forward, ReleaseReason
+from ragtrace_collector.service.server import CollectorService
 from tests.collector.harness import (
     CollectorThread,
     collector_config,

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from ragtrace_collector.component import Status
-from ragtrace_collector.pipeline import PassThroughProcessor
-from ragtrace_collector.ports import StartupError
-from ragtrace_collector.server import CollectorService
+from ragtrace_collector.service.component import Status
+from ragtrace_collector.service.pipeline import PassThroughProcessor
+from ragtrace_collector.service.ports import StartupError
+from ragtrace_collector.service.server import CollectorService
 from tests.collector.harness import CollectorThread, collector_config, wait_for
 from tests.fakes.otlp_sink import OtlpSink
 

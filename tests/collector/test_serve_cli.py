@@ -17,8 +17,8 @@ import pytest
 import structlog
 
 from ragtrace_collector.cli import main
-from ragtrace_collector.logs import configure_logging, get_logger
-from ragtrace_collector.ports import Endpoint, bind_problem
+from ragtrace_collector.service.logs import configure_logging, get_logger
+from ragtrace_collector.service.ports import Endpoint, bind_problem
 from tests.collector.harness import serve_until_exit
 
 COLLECTOR = Path(sys.executable).with_name("ragtrace-collector")

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from ragtrace_collector.config import ConfigError, load_config, split_host_port
+from ragtrace_collector.config import ConfigError, load_config
+from ragtrace_collector.configbase import split_host_port
 from tests.docker._files import (
     COMPOSE,
     COMPOSE_FILES,

@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ragtrace_collector.config import OtlpGrpcExporterConfig, load_config, split_host_port
+from ragtrace_collector.config import load_config
+from ragtrace_collector.configbase import split_host_port
+from ragtrace_collector.exporters.config import OtlpGrpcExporterConfig
 from tests.docker._files import (
     SCALE_OUT,
     SCALE_OUT_COMPOSE,

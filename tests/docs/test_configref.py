@@ -9,7 +9,8 @@ from typing import Annotated, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from ragtrace_collector.config import ByteSize, CollectorConfig, Duration
+from ragtrace_collector.config import CollectorConfig
+from ragtrace_collector.configbase import ByteSize, Duration
 from ragtrace_collector.configref import (
     BEGIN_MARKER,
     END_MARKER,

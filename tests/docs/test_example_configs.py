@@ -13,7 +13,7 @@ import pytest
 
 from ragtrace_collector.config import CollectorConfig, load_config
 from ragtrace_collector.metrics import METRIC_NAMES
-from ragtrace_collector.reference_store import ReferenceStore
+from ragtrace_collector.stores.reference import ReferenceStore
 from tests.docker._files import (
     COMPOSE,
     SCALE_OUT_COMPOSE,

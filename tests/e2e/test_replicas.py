@@ -29,9 +29,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 import ragtrace
 from ragtrace import semconv
 from ragtrace_collector.cases import ContextItem, Conversation, Turn
+from ragtrace_collector.evaluation.sampling import Sampler, SamplingConfig
 from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.metrics import ConversationMetric, build_metric
-from ragtrace_collector.sampling import Sampler, SamplingConfig
 from tests.e2e import _app
 from tests.e2e._app import KB
 from tests.e2e._support import Serve, flat, rag_spans, serve_config

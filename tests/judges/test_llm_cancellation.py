@@ -19,18 +19,18 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 
 from ragtrace import semconv
-from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
-from ragtrace_collector.config import EvaluationConfig
-from ragtrace_collector.enrichment import EnrichmentConfig
-from ragtrace_collector.evaluator import OnlineEvaluator
+from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
+from ragtrace_collector.evaluation.config import EvaluationConfig
+from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
+from ragtrace_collector.evaluation.evaluator import OnlineEvaluator
+from ragtrace_collector.evaluation.sampling import Sampler, SamplingConfig
 from ragtrace_collector.judges.base import JudgeCallRecord, RelevanceRequest, UsefulnessRequest
 from ragtrace_collector.judges.llm import LLMJudge
 from ragtrace_collector.metrics import MetricOptions, build_metrics
-from ragtrace_collector.otlp import SpanGroup
-from ragtrace_collector.sampling import Sampler, SamplingConfig
-from ragtrace_collector.session_store import SessionStoreConfig, create_session_store
-from ragtrace_collector.spanattrs import attributes_to_dict
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.otlp.codec import SpanGroup
+from ragtrace_collector.otlp.spanattrs import attributes_to_dict
+from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.stores.session import SessionStoreConfig, create_session_store
 from tests.fakes.openai_server import FakeOpenAIServer, RecordedRequest, Reply, auto_reply
 from tests.judges.conftest import MakeJudge
 from tests.online_eval._spans import make_span

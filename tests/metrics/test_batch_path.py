@@ -9,10 +9,10 @@ import gc
 
 import pytest
 
-from ragtrace_collector import evaluate as evaluate_module
-from ragtrace_collector.evaluate import ItemResult, evaluate
 from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.metrics import JudgeFreeMetric, build_metric
+from ragtrace_collector.offline import runner as evaluate_module
+from ragtrace_collector.offline.runner import ItemResult, evaluate
 from ragtrace_collector.results import Cost, MetricResult
 
 from .conftest import case

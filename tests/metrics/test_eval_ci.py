@@ -17,11 +17,16 @@ import pytest
 from rich.console import Console
 
 from ragtrace_collector.cli import main
-from ragtrace_collector.eval_cli import EXIT_CODES, _table
-from ragtrace_collector.evaluate import EvalReport, MetricSummary, evaluate_file, evaluate_rows
-from ragtrace_collector.gate import QualityGate, parse_fail_under
-from ragtrace_collector.loaders import DatasetError, load_dataset
 from ragtrace_collector.metrics import METRIC_NAMES
+from ragtrace_collector.offline.cli import EXIT_CODES, _table
+from ragtrace_collector.offline.gate import QualityGate, parse_fail_under
+from ragtrace_collector.offline.loaders import DatasetError, load_dataset
+from ragtrace_collector.offline.runner import (
+    EvalReport,
+    MetricSummary,
+    evaluate_file,
+    evaluate_rows,
+)
 
 # id_context_recall: 1.0 and 0.0 (mean 0.5); id_context_precision: 0.5 and 0.0.
 ROWS: list[dict[str, Any]] = [

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from ragtrace_collector.cases import ContextItem, Conversation, Turn
-from ragtrace_collector.evaluate import evaluate, evaluate_file
 from ragtrace_collector.judges.base import JudgeError, JudgeTask
 from ragtrace_collector.judges.offline import OfflineJudge
+from ragtrace_collector.offline.runner import evaluate, evaluate_file
 
 from .conftest import ScriptedJudge, case, verdicts
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ragtrace_collector.cases import Conversation, RAGCase
-from ragtrace_collector.loaders import DatasetError, load_dataset, parse_text
+from ragtrace_collector.offline.loaders import DatasetError, load_dataset, parse_text
 
 
 def _jsonl(path: Path, rows: list[Any]) -> Path:

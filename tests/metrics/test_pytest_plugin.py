@@ -60,7 +60,7 @@ def _project(tmp_path: Path, conftest: str | None) -> Path:
 @pytest.mark.parametrize(
     ("conftest", "flags"),
     [(None, []),  # the pytest11 entry point of the installed collector
-     ('pytest_plugins = ["ragtrace_collector.pytest_plugin"]\n', ["-p", "no:ragtrace"])],
+     ('pytest_plugins = ["ragtrace_collector.offline.pytest_plugin"]\n', ["-p", "no:ragtrace"])],
     ids=["entry-point", "pytest_plugins"],
 )  # fmt: skip
 def test_plugin_in_a_project(tmp_path: Path, conftest: str | None, flags: list[str]) -> None:

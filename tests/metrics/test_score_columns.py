@@ -14,7 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragtrace_collector.cases import ContextItem, Conversation, RAGCase, Turn
-from ragtrace_collector.evaluate import (
+from ragtrace_collector.metrics import JudgeFreeMetric, build_metric
+from ragtrace_collector.metrics.base import Outcome
+from ragtrace_collector.metrics.ids import IDContextRecall
+from ragtrace_collector.metrics.nonllm import SIMILARITIES, best_similarities
+from ragtrace_collector.offline.runner import (
     EvalReport,
     ItemResult,
     _pending_of,
@@ -22,10 +26,6 @@ from ragtrace_collector.evaluate import (
     evaluate_rows,
     summarise,
 )
-from ragtrace_collector.metrics import JudgeFreeMetric, build_metric
-from ragtrace_collector.metrics.base import Outcome
-from ragtrace_collector.metrics.ids import IDContextRecall
-from ragtrace_collector.metrics.nonllm import SIMILARITIES, best_similarities
 
 from .conftest import case
 

@@ -1,4 +1,4 @@
-"""Ground truth from a file: parsing, matching and reload (ragtrace_collector.reference_store)."""
+"""Ground truth from a file: parsing, matching and reload (ragtrace_collector.stores.reference)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import pytest
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
-from ragtrace_collector.component import ComponentHost, Status, Supervisor
-from ragtrace_collector.reference_store import (
+from ragtrace_collector.service.component import ComponentHost, Status, Supervisor
+from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.stores.reference import (
     ReferenceStore,
     ReferenceStoreConfig,
     ReferenceStoreError,
     normalize_input,
 )
-from ragtrace_collector.telemetry import Telemetry
 
 ROWS: list[dict[str, Any]] = [
     {

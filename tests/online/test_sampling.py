@@ -1,4 +1,4 @@
-"""Consistent sampling, attribute rules and budgets (ragtrace_collector.sampling)."""
+"""Consistent sampling, attribute rules and budgets (ragtrace_collector.evaluation.sampling)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from ragtrace import semconv
-from ragtrace_collector.sampling import (
+from ragtrace_collector.evaluation.sampling import (
     RuleMatch,
     Sampler,
     SamplingConfig,
@@ -22,7 +22,7 @@ from ragtrace_collector.sampling import (
     sampling_hash,
     trace_attribute_lookup,
 )
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.service.telemetry import Telemetry
 
 
 class FakeClock:

@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from ragtrace_collector.session_store import (
+from ragtrace_collector.stores.session import (
     MemorySessionStore,
     RedisSessionStore,
     SessionStore,

@@ -9,7 +9,7 @@ from typing import Any
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ragtrace import semconv
-from ragtrace_collector.spanattrs import set_attributes
+from ragtrace_collector.otlp.spanattrs import set_attributes
 
 
 def make_span(

@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass
 
 from ragtrace import semconv
-from ragtrace_collector.case_builder import build_cases
+from ragtrace_collector.evaluation.case_builder import build_cases
 
 from ._spans import make_span
 

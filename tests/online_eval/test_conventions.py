@@ -12,12 +12,6 @@ import pytest
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ragtrace import semconv
-from ragtrace_collector.case_builder import (
-    CaseRules,
-    CasesConfig,
-    build_cases,
-    may_hold_case,
-)
 from ragtrace_collector.config import ConfigError, parse_config
 from ragtrace_collector.conventions import (
     CONVENTIONS,
@@ -28,7 +22,13 @@ from ragtrace_collector.conventions import (
 )
 from ragtrace_collector.conventions.base import Role, documents_from_attributes
 from ragtrace_collector.conventions.text import reduce_answer, reduce_question
-from ragtrace_collector.spanattrs import set_attributes
+from ragtrace_collector.evaluation.case_builder import (
+    CaseRules,
+    CasesConfig,
+    build_cases,
+    may_hold_case,
+)
+from ragtrace_collector.otlp.spanattrs import set_attributes
 
 TID = os.urandom(16)
 
@@ -658,7 +658,7 @@ def test_role_reads_only_the_role_keys(convention: Convention) -> None:
 def test_spans_outside_the_case_are_not_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Of an LLM span and an inner chain span (OpenInference), only the role key is
     decoded; the case span and its retriever are read in full."""
-    import ragtrace_collector.case_builder as case_builder
+    import ragtrace_collector.evaluation.case_builder as case_builder
 
     decoded: list[Any] = []
     real = case_builder.any_value_to_python

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from ragtrace_collector.case_builder import DocumentSource
 from ragtrace_collector.cases import ContextItem, RAGCase
-from ragtrace_collector.document_verdicts import (
+from ragtrace_collector.evaluation.case_builder import DocumentSource
+from ragtrace_collector.evaluation.document_verdicts import (
     DocumentVerdict,
     decode_verdicts,
     document_verdicts,

@@ -3,14 +3,14 @@ from __future__ import annotations
 import os
 
 from ragtrace import semconv
-from ragtrace_collector.enrichment import (
+from ragtrace_collector.evaluation.enrichment import (
     EnrichmentConfig,
     EvalSummary,
     enrich_span,
     make_carrier_span,
 )
+from ragtrace_collector.otlp.spanattrs import attributes_to_dict
 from ragtrace_collector.results import MetricResult
-from ragtrace_collector.spanattrs import attributes_to_dict
 
 from ._spans import make_span
 

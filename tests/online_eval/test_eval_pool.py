@@ -17,19 +17,19 @@ import pytest
 from opentelemetry.proto.common.v1 import common_pb2
 
 from ragtrace import semconv
-from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
-from ragtrace_collector.component import Status
+from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
 from ragtrace_collector.config import CollectorConfig
-from ragtrace_collector.enrichment import EnrichmentConfig
-from ragtrace_collector.evalpool import EvaluationPool
-from ragtrace_collector.evaluator import EvaluationConfig, OnlineEvaluator
+from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
+from ragtrace_collector.evaluation.evaluator import EvaluationConfig, OnlineEvaluator
+from ragtrace_collector.evaluation.pool import EvaluationPool
+from ragtrace_collector.evaluation.sampling import Sampler, SamplingConfig
 from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.metrics import OFFLINE_METRICS, build_metrics
-from ragtrace_collector.otlp import SpanGroup
-from ragtrace_collector.sampling import Sampler, SamplingConfig
-from ragtrace_collector.server import CollectorService
-from ragtrace_collector.session_store import create_session_store
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.otlp.codec import SpanGroup
+from ragtrace_collector.service.component import Status
+from ragtrace_collector.service.server import CollectorService
+from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.stores.session import create_session_store
 
 from ._spans import make_span
 from .test_evaluator import _Forwarded, _rag_attrs, _resource

@@ -13,19 +13,19 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 
 from ragtrace import semconv
-from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
+from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
 from ragtrace_collector.cases import ContextItem, Conversation, Turn
-from ragtrace_collector.enrichment import EnrichmentConfig
-from ragtrace_collector.evaluator import EvaluationConfig, OnlineEvaluator
+from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
+from ragtrace_collector.evaluation.evaluator import EvaluationConfig, OnlineEvaluator
+from ragtrace_collector.evaluation.sampling import Sampler, SamplingConfig
 from ragtrace_collector.judges.base import JudgeAnswer, JudgeTask
 from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.metrics import MetricOptions, build_metric, build_metrics
-from ragtrace_collector.otlp import SpanGroup
+from ragtrace_collector.otlp.codec import SpanGroup
+from ragtrace_collector.otlp.spanattrs import attributes_to_dict, set_attribute
 from ragtrace_collector.results import MetricResult
-from ragtrace_collector.sampling import Sampler, SamplingConfig
-from ragtrace_collector.session_store import SessionStoreConfig, create_session_store
-from ragtrace_collector.spanattrs import attributes_to_dict, set_attribute
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.stores.session import SessionStoreConfig, create_session_store
 
 from ._spans import make_span
 

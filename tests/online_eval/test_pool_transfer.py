@@ -12,13 +12,18 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ragtrace import semconv
-from ragtrace_collector import protowire
-from ragtrace_collector.assembly import AssembledTrace, ReleaseReason
-from ragtrace_collector.enrichment import EnrichmentConfig, EvalSummary, encode_result, enrich_span
-from ragtrace_collector.evalpool import PoolStats
-from ragtrace_collector.otlp import SpanGroup
+from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
+from ragtrace_collector.evaluation.enrichment import (
+    EnrichmentConfig,
+    EvalSummary,
+    encode_result,
+    enrich_span,
+)
+from ragtrace_collector.evaluation.pool import PoolStats
+from ragtrace_collector.otlp import protowire
+from ragtrace_collector.otlp.codec import SpanGroup
+from ragtrace_collector.otlp.spanattrs import attributes_to_dict, set_attribute
 from ragtrace_collector.results import MetricResult
-from ragtrace_collector.spanattrs import attributes_to_dict, set_attribute
 
 from ._spans import make_span
 from .test_eval_pool import _evaluator, _rag_trace, _without_span_ids

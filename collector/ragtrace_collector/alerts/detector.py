@@ -80,8 +80,8 @@ from ragtrace_collector.alerts.config import AlertsConfig, DropRule, TrailingBas
 from ragtrace_collector.alerts.events import AlertEvent
 from ragtrace_collector.alerts.notifiers import Notifier, build_notifiers
 from ragtrace_collector.alerts.stats import Summary, TestResult, one_sample_less, welch_less
-from ragtrace_collector.component import Component, Status
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.service.component import Component, Status
+from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["DropDetector", "RuleStatus"]
 

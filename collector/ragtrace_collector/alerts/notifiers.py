@@ -30,7 +30,7 @@ from ragtrace_collector.alerts.config import (
     WebhookConfig,
 )
 from ragtrace_collector.alerts.events import AlertEvent, iso8601
-from ragtrace_collector.component import Component, Status
+from ragtrace_collector.service.component import Component, Status
 
 __all__ = [
     "AlertmanagerNotifier",

@@ -3,7 +3,7 @@
 A convention module maps one span (its decoded attributes and its events) to a
 :class:`Role` and, for the spans it claims, reads what a case needs: retrieved
 documents, the question, the answer, the session.  It never sees a trace and never
-builds a case; :mod:`ragtrace_collector.case_builder` does that from what the modules
+builds a case; :mod:`ragtrace_collector.evaluation.case_builder` does that from what the modules
 say, so the rest of the collector sees only cases.
 """
 
@@ -19,7 +19,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ragtrace import semconv
 from ragtrace._documents import extract_document, iter_documents
-from ragtrace_collector.spanattrs import attributes_to_dict
+from ragtrace_collector.otlp.spanattrs import attributes_to_dict
 
 __all__ = [
     "Attrs",
@@ -76,7 +76,7 @@ class Convention(Protocol):
     def markers(self) -> Mapping[str, frozenset[str] | None]:
         """Attribute keys that mark a span this convention may use, each with the string
         values that do (None: any value).  The prefilter
-        (:func:`~ragtrace_collector.case_builder.may_hold_case`) reads only these, so a
+        (:func:`~ragtrace_collector.evaluation.case_builder.may_hold_case`) reads only these, so a
         trace without them is never decoded."""
         ...
 

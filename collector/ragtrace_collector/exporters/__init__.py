@@ -1,46 +1,33 @@
-"""Exporters: OTLP/gRPC, OTLP/HTTP, OTLP/JSON file and Phoenix, each with its own queue."""
+"""Exporters: OTLP/gRPC, OTLP/HTTP, OTLP/JSON file and Phoenix, each with its own queue.
+
+* :mod:`.config`: the ``exporters`` section (one entry per exporter, its kind by ``type``);
+* :mod:`.factory`: :func:`build_exporter`, the exporter for one entry;
+* :mod:`.base`: what every exporter shares: the bounded queue, batching, retries with
+  backoff, encoding off the event loop, and delivery acknowledgements to storage;
+* :mod:`.otlp_http`, :mod:`.otlp_grpc`, :mod:`.file`, :mod:`.phoenix`: the kinds.
+
+The names below load their modules on first use, so that reading the configuration
+(``check-config``, ``--help``) does not import the exporters themselves.
+"""
 
 from __future__ import annotations
 
-from ragtrace_collector.component import Supervisor
-from ragtrace_collector.config import (
-    ExporterConfig,
-    FileExporterConfig,
-    OtlpGrpcExporterConfig,
-    OtlpHttpExporterConfig,
-    PhoenixExporterConfig,
-)
-from ragtrace_collector.exporters.base import Exporter, ExportError
-from ragtrace_collector.telemetry import Telemetry
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ragtrace_collector.exporters.base import Exporter, ExportError
+    from ragtrace_collector.exporters.factory import build_exporter
 
 __all__ = ["ExportError", "Exporter", "build_exporter"]
 
 
-def build_exporter(
-    name: str,
-    config: ExporterConfig,
-    telemetry: Telemetry,
-    *,
-    supervisor: Supervisor | None = None,
-) -> Exporter[object]:
-    """The exporter for one ``exporters.<name>`` config section; ``supervisor`` runs
-    its workers."""
-    if isinstance(config, PhoenixExporterConfig):
-        from ragtrace_collector.exporters.phoenix import PhoenixExporter
+def __getattr__(name: str) -> Any:
+    if name == "build_exporter":
+        from ragtrace_collector.exporters.factory import build_exporter
 
-        return PhoenixExporter(  # type: ignore[return-value]
-            name, config, telemetry, supervisor=supervisor
-        )
-    if isinstance(config, OtlpHttpExporterConfig):
-        from ragtrace_collector.exporters.otlp_http import OtlpHttpExporter
+        return build_exporter
+    if name in ("Exporter", "ExportError"):
+        from ragtrace_collector.exporters import base
 
-        return OtlpHttpExporter(name, config, telemetry, supervisor=supervisor)  # type: ignore[return-value]
-    if isinstance(config, OtlpGrpcExporterConfig):
-        from ragtrace_collector.exporters.otlp_grpc import OtlpGrpcExporter
-
-        return OtlpGrpcExporter(name, config, telemetry, supervisor=supervisor)  # type: ignore[return-value]
-    if isinstance(config, FileExporterConfig):
-        from ragtrace_collector.exporters.file import FileExporter
-
-        return FileExporter(name, config, telemetry, supervisor=supervisor)  # type: ignore[return-value]
-    raise TypeError(f"unknown exporter config {type(config).__name__}")
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

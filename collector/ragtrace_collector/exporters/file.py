@@ -14,11 +14,16 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ragtrace_collector.component import Supervisor
-from ragtrace_collector.config import FileExporterConfig
 from ragtrace_collector.exporters.base import Exporter, ExportError
-from ragtrace_collector.otlp import ExportTraceServiceRequest, SpanGroup, build_request, encode_json
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.exporters.config import FileExporterConfig
+from ragtrace_collector.otlp.codec import (
+    ExportTraceServiceRequest,
+    SpanGroup,
+    build_request,
+    encode_json,
+)
+from ragtrace_collector.service.component import Supervisor
+from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["FileExporter", "rotated_paths"]
 

@@ -14,21 +14,21 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
-from ragtrace_collector.component import Supervisor
-from ragtrace_collector.config import OtlpGrpcExporterConfig
 from ragtrace_collector.exporters.base import (
     Exporter,
     ExportError,
     UndecodableAnswer,
     rejected_in_answer,
 )
-from ragtrace_collector.otlp import (
+from ragtrace_collector.exporters.config import OtlpGrpcExporterConfig
+from ragtrace_collector.otlp.codec import (
     GRPC_EXPORT_METHOD,
     SpanGroup,
     build_request,
     retry_delay_from_status,
 )
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.service.component import Supervisor
+from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["OtlpGrpcExporter", "retry_delay_from_metadata"]
 

@@ -23,25 +23,25 @@ import aiohttp
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
-from ragtrace_collector.component import Supervisor
-from ragtrace_collector.config import (
-    ClientTLSConfig,
-    OtlpHttpExporterConfig,
-    PhoenixExporterConfig,
-)
 from ragtrace_collector.exporters.base import (
     Exporter,
     ExportError,
     UndecodableAnswer,
     rejected_in_answer,
 )
-from ragtrace_collector.otlp import (
+from ragtrace_collector.exporters.config import (
+    ClientTLSConfig,
+    OtlpHttpExporterConfig,
+    PhoenixExporterConfig,
+)
+from ragtrace_collector.otlp.codec import (
     CONTENT_TYPE_PROTOBUF,
     ExportTraceServiceRequest,
     SpanGroup,
     build_request,
 )
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.service.component import Supervisor
+from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["OtlpHttpExporter", "client_ssl_context", "parse_retry_after"]
 

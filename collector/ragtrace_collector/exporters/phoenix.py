@@ -50,18 +50,18 @@ from typing import Any, Final
 import aiohttp
 
 from ragtrace import semconv
-from ragtrace_collector.component import Supervisor
-from ragtrace_collector.config import PhoenixExporterConfig
-from ragtrace_collector.document_verdicts import decode_verdicts
-from ragtrace_collector.enrichment import CARRIER_SPAN_NAME, annotator_kind
+from ragtrace_collector.evaluation.document_verdicts import decode_verdicts
+from ragtrace_collector.evaluation.enrichment import CARRIER_SPAN_NAME, annotator_kind
+from ragtrace_collector.exporters.config import PhoenixExporterConfig
 from ragtrace_collector.exporters.otlp_http import (
     OtlpHttpExporter,
     client_ssl_context,
     parse_retry_after,
 )
-from ragtrace_collector.otlp import Span, SpanGroup, build_request
-from ragtrace_collector.spanattrs import any_value_to_python, set_attribute
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.otlp.codec import Span, SpanGroup, build_request
+from ragtrace_collector.otlp.spanattrs import any_value_to_python, set_attribute
+from ragtrace_collector.service.component import Supervisor
+from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["PhoenixAnnotations", "PhoenixExporter", "is_carrier", "read_annotations"]
 
@@ -96,7 +96,8 @@ class PhoenixAnnotations:
 
 
 def is_carrier(span: Span) -> bool:
-    """An EVALUATOR carrier span (see :func:`ragtrace_collector.enrichment.make_carrier_span`)."""
+    """An EVALUATOR carrier span (see
+    :func:`ragtrace_collector.evaluation.enrichment.make_carrier_span`)."""
     if span.name != CARRIER_SPAN_NAME or not span.links:
         return False
     return any(

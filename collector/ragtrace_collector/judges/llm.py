@@ -67,8 +67,8 @@ from ragtrace_collector.judges.cache import LRUCache
 from ragtrace_collector.judges.config import JudgeConfig
 from ragtrace_collector.judges.prompting import PromptError, PromptLibrary, RenderedPrompt
 from ragtrace_collector.judges.repair import parse_json_object
-from ragtrace_collector.logs import hold_third_party_loggers, redact
 from ragtrace_collector.results import Cost
+from ragtrace_collector.service.logs import hold_third_party_loggers, redact
 
 __all__ = ["JudgeStats", "LLMJudge", "answer_byte_limit"]
 

@@ -29,7 +29,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
-from ragtrace_collector.otlp import (
+from ragtrace_collector.otlp.codec import (
     SplitRequest,
     decode_json_request,
     decode_protobuf_request,
@@ -52,7 +52,7 @@ def decode_body(
     """Inflate (``encoding``: identity, gzip or deflate), parse and split one request.
 
     Raises :class:`BodyError` (compression, size) or
-    :class:`~ragtrace_collector.otlp.OtlpDecodeError` (malformed request).
+    :class:`~ragtrace_collector.otlp.codec.OtlpDecodeError` (malformed request).
     """
     body = plain_body(body, encoding, budget)
     request = decode_json_request(body) if as_json else decode_protobuf_request(body)

@@ -30,19 +30,20 @@ from typing import Any, Final
 
 import grpc
 
-from ragtrace_collector.component import Component, Status
-from ragtrace_collector.config import GrpcReceiverConfig, split_host_port
-from ragtrace_collector.logs import get_logger
-from ragtrace_collector.otlp import (
+from ragtrace_collector.configbase import split_host_port
+from ragtrace_collector.otlp.codec import (
     OtlpDecodeError,
     export_response,
     retry_info,
     rpc_status,
 )
-from ragtrace_collector.pipeline import Pipeline, Refused
 from ragtrace_collector.receivers.auth import BearerAuth
+from ragtrace_collector.receivers.config import GrpcReceiverConfig
 from ragtrace_collector.receivers.decode import Decoder, InflateBudget
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.service.component import Component, Status
+from ragtrace_collector.service.logs import get_logger
+from ragtrace_collector.service.pipeline import Pipeline, Refused
+from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["GrpcReceiver"]
 

@@ -39,10 +39,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from google.protobuf.message import Message
 
-from ragtrace_collector.component import Component, Status
-from ragtrace_collector.config import HttpReceiverConfig, ServerTLSConfig, split_host_port
-from ragtrace_collector.logs import get_logger
-from ragtrace_collector.otlp import (
+from ragtrace_collector.configbase import split_host_port
+from ragtrace_collector.otlp.codec import (
     CODE_INVALID_ARGUMENT,
     CODE_RESOURCE_EXHAUSTED,
     CODE_UNAUTHENTICATED,
@@ -54,11 +52,14 @@ from ragtrace_collector.otlp import (
     export_response,
     rpc_status,
 )
-from ragtrace_collector.pipeline import Pipeline, Refused
 from ragtrace_collector.receivers.auth import BearerAuth
+from ragtrace_collector.receivers.config import HttpReceiverConfig, ServerTLSConfig
 from ragtrace_collector.receivers.connections import ConnectionGuard
 from ragtrace_collector.receivers.decode import BodyError, Decoder, InflateBudget
-from ragtrace_collector.telemetry import Telemetry
+from ragtrace_collector.service.component import Component, Status
+from ragtrace_collector.service.logs import get_logger
+from ragtrace_collector.service.pipeline import Pipeline, Refused
+from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["HttpReceiver", "server_ssl_context"]
 

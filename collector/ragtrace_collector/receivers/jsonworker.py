@@ -23,7 +23,7 @@ import struct
 import sys
 from typing import Any, BinaryIO, Final
 
-from ragtrace_collector.otlp import OtlpDecodeError, decode_json_request
+from ragtrace_collector.otlp.codec import OtlpDecodeError, decode_json_request
 from ragtrace_collector.receivers.inflate import BodyError, InflateBudget, plain_body
 
 __all__ = ["JsonWorker", "json_as_protobuf"]
@@ -51,7 +51,7 @@ class JsonWorker:
         """Inflate and parse ``body`` in the worker; the request as protobuf bytes.
 
         Raises :class:`~ragtrace_collector.receivers.inflate.BodyError` or
-        :class:`~ragtrace_collector.otlp.OtlpDecodeError` as decoding in-process would,
+        :class:`~ragtrace_collector.otlp.codec.OtlpDecodeError` as decoding in-process would,
         and ``BodyError`` 413 when the job outlives the time limit or the worker dies.
         """
         header = {

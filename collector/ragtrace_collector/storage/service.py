@@ -36,9 +36,9 @@ from typing import Any, Final, TypeAlias
 
 from google.protobuf.message import Message
 
-from ragtrace_collector.component import Component, Status
-from ragtrace_collector.logs import get_logger
-from ragtrace_collector.otlp import SpanGroup
+from ragtrace_collector.otlp.codec import SpanGroup
+from ragtrace_collector.service.component import Component, Status
+from ragtrace_collector.service.logs import get_logger
 from ragtrace_collector.storage.config import StorageConfig
 from ragtrace_collector.storage.wal import StorageError, WriteAheadLog
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
-from ragtrace_collector.otlp import SpanGroup, build_request, encode_json
+from ragtrace_collector.otlp.codec import SpanGroup, build_request, encode_json
 
 __all__ = ["Outstanding", "write_spill"]
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final, Literal
 
-from ragtrace_collector.lazylog import LazyLogger
+from ragtrace_collector.service.lazylog import LazyLogger
 
 __all__ = ["Segment", "StorageError", "StorageLocked", "WriteAheadLog", "directory_problem"]
 

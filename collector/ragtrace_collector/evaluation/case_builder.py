@@ -1,0 +1,615 @@
+"""Evaluation cases from the spans of one trace, whatever instrumented them.
+
+The convention modules (:mod:`ragtrace_collector.conventions`: ragtrace, OpenInference,
+OTel GenAI, OpenLLMetry) say what each span is (:class:`~.conventions.Role`) and read
+its documents, question, answer and session; this module picks the case spans and
+builds one :class:`BuiltCase` per case span.  The rest of the collector sees only cases.
+
+**Which span is a case.**
+
+* every ragtrace ``@rag`` span (``ragtrace.span.kind = rag``); nested ``@rag`` spans
+  are cases of their own;
+* with ``cases.match`` set, also every span that a matcher selects (span name glob,
+  attribute values, attributes present); nested matches are cases of their own;
+* otherwise (no ``@rag`` span, no ``cases.match``): the *outermost* CHAIN or AGENT
+  span (OpenInference), ``invoke_agent``/``invoke_workflow`` span (GenAI) or
+  ``workflow``/``agent`` span (OpenLLMetry) that has at least one retriever span below
+  it.  A trace with no retriever has no such case (and is forwarded unscored).
+
+**What a case holds.**
+
+* input and actual output: the question and the answer of the case span, read by the
+  convention that claimed it and then by the others (``input.value``,
+  ``gen_ai.input.messages``, ``traceloop.entity.input``, ... with JSON reduced to the
+  text: :mod:`ragtrace_collector.conventions.text`), or from the attributes named by
+  ``cases.question_attribute`` / ``cases.answer_attribute``.  With no question on the
+  case span, the first retriever's query stands in;
+* the retrieval context: the documents of the retriever spans below the case span
+  (not below a nested case span), retriever spans in start-time order, each in rank
+  order; when a reranker ran, the output order of the last reranker to finish wins;
+* ground truth from the span (``ragtrace.expected_output``,
+  ``ragtrace.reference_contexts``, ``ragtrace.reference_context_ids``,
+  ``ragtrace.expected_outcome``), else from the reference store by input, field by
+  field;
+* the conversation: the session id (``session.id``, ``gen_ai.conversation.id``,
+  Traceloop's ``session_id`` association property) from the case span, else from its
+  retriever spans; the turn index from ``ragtrace.turn.index``, else (in a session)
+  the case span's start time in microseconds, which orders the turns.
+
+A document without captured content still contributes its id to the ID metrics, but
+then the text metrics see no retrieval context and are skipped with a reason, rather
+than scored on empty strings.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from opentelemetry.proto.trace.v1 import trace_pb2
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ragtrace import semconv
+from ragtrace_collector.cases import ContextItem, RAGCase, id_text
+from ragtrace_collector.conventions import CONVENTIONS, Convention, Document, Role, by_name
+from ragtrace_collector.conventions.base import documents_from_attributes, json_value
+from ragtrace_collector.conventions.text import reduce_answer, reduce_question
+from ragtrace_collector.evaluation.sampling import AttrScalar
+from ragtrace_collector.otlp.protowire import string_field, varint
+from ragtrace_collector.otlp.spanattrs import any_value_to_python
+from ragtrace_collector.results import trusted
+
+__all__ = [
+    "BuiltCase",
+    "CaseMatch",
+    "CaseRules",
+    "CasesConfig",
+    "DocumentSource",
+    "ReferenceLookup",
+    "build_cases",
+    "documents_from_attributes",
+    "may_hold_case",
+]
+
+
+def _log() -> Any:
+    # The config imports this module (cases:); structlog loads only when a case fails.
+    from ragtrace_collector.service.logs import get_logger
+
+    return get_logger("case_builder")
+
+
+#: Ancestors followed up from a retriever, at most (a guard against parent cycles).
+_MAX_DEPTH = 256
+#: Serialised spans up to this size are searched as bytes by the prefilter; larger
+#: ones are checked attribute by attribute.
+_SEARCH_LIMIT = 8192
+
+
+# -------------------------------------------------------------------- config
+class CaseMatch(BaseModel):
+    """Selects case spans; every condition listed must hold on the span itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Span name, exact or a glob (``answer*``, ``*.query``).
+    span_name: str | None = None
+    #: attribute == value, e.g. ``{app.step: answer}``
+    equals: dict[str, AttrScalar] = Field(default_factory=dict)
+    #: every listed attribute is present
+    exists: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> CaseMatch:
+        if self.span_name is None and not self.equals and not self.exists:
+            raise ValueError("a matcher needs span_name, equals or exists")
+        return self
+
+
+class CasesConfig(BaseModel):
+    """The ``cases:`` section: which spans become evaluation cases, and how they are read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Conventions read, of ``ragtrace``, ``openinference``, ``genai``, ``openllmetry``
+    #: (default all; a span claimed by several is read by the first in this order).
+    conventions: list[str] = Field(default_factory=lambda: [c.name for c in CONVENTIONS])
+    #: Matchers choosing the case spans instead of the default rule (the outermost
+    #: CHAIN/AGENT/workflow span with a retriever below it); ``@rag`` spans stay cases.
+    match: list[CaseMatch] = Field(default_factory=list)
+    #: Attribute of the case span holding the question (JSON reduced); default: the
+    #: convention's (``input.value``, ``gen_ai.input.messages``, ...).
+    question_attribute: str | None = None
+    #: Attribute of the case span holding the answer (JSON reduced); default: the
+    #: convention's (``output.value``, ``gen_ai.output.messages``, ...).
+    answer_attribute: str | None = None
+
+    @field_validator("conventions")
+    @classmethod
+    def _known(cls, names: list[str]) -> list[str]:
+        known = [c.name for c in CONVENTIONS]
+        for name in names:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}?" if close else f"one of: {', '.join(known)}"
+                raise ValueError(f"unknown convention {name!r} ({hint})")
+        if not names:
+            raise ValueError(f"name at least one convention (of: {', '.join(known)})")
+        return names
+
+
+class CaseRules:
+    """:class:`CasesConfig` compiled for the hot path (build once, share)."""
+
+    def __init__(self, config: CasesConfig | None = None) -> None:
+        config = config or CasesConfig()
+        self.conventions: tuple[Convention, ...] = by_name(config.conventions)
+        self.matchers = [
+            (
+                re.compile(fnmatch.translate(m.span_name)) if m.span_name is not None else None,
+                dict(m.equals),
+                list(m.exists),
+            )
+            for m in config.match
+        ]
+        self.question_attribute = config.question_attribute
+        self.answer_attribute = config.answer_attribute
+        markers: dict[str, frozenset[str] | None] = {}
+        for conv in self.conventions:
+            for key, values in conv.markers.items():
+                have = markers.get(key, frozenset())
+                markers[key] = None if values is None or have is None else have | values
+        for _, equals, exists in self.matchers:
+            for key in (*equals, *exists):
+                markers[key] = None
+        self.markers = markers
+        self.event_markers = frozenset(e for c in self.conventions for e in c.event_markers)
+        self.role_keys = frozenset(k for c in self.conventions for k in c.role_keys)
+        self._name_patterns = [p for p, equals, exists in self.matchers if p is not None]
+        self._patterns = _marker_patterns(markers, self.event_markers)
+
+    def matches(self, span: trace_pb2.Span, attrs: Mapping[str, Any]) -> bool:
+        for pattern, equals, exists in self.matchers:
+            if pattern is not None and not pattern.fullmatch(span.name):
+                continue
+            if any(attrs.get(k) != v for k, v in equals.items()):
+                continue
+            if any(k not in attrs for k in exists):
+                continue
+            return True
+        return False
+
+    def may_hold_case(self, spans: Iterable[trace_pb2.Span]) -> bool:
+        """Cheap: could these spans hold a case?  True when a span carries a marker
+        attribute (``openinference.span.kind = RETRIEVER``, ``ragtrace.span.kind``,
+        ``gen_ai.operation.name = retrieval``, ...), a marker event, or matches a
+        ``cases.match`` name glob.  False positives only cost a full decode.
+
+        Spans are not decoded: each span is serialised (C code) and the serialised
+        spans are searched, all at once, for the exact protobuf encoding of the marker
+        key/value pairs.  A span larger than :data:`_SEARCH_LIMIT` bytes (a long prompt
+        or document) is checked attribute by attribute instead, so that the cost stays
+        per attribute, not per byte."""
+        if self._name_patterns:
+            return any(self._span_may_hold(span) for span in spans)
+        small: list[bytes] = []
+        for span in spans:
+            if span.ByteSize() <= _SEARCH_LIMIT:  # sized without serialising a 10 MB span
+                small.append(span.SerializeToString())
+            elif self._span_may_hold(span):
+                return True
+        data = b"".join(small)
+        return any(pattern in data for pattern in self._patterns)
+
+    def _span_may_hold(self, span: trace_pb2.Span) -> bool:
+        markers = self.markers
+        for kv in span.attributes:
+            if kv.key in markers:
+                values = markers[kv.key]
+                if values is None or kv.value.string_value in values:
+                    return True
+        if self.event_markers and span.events:
+            for event in span.events:
+                if event.name in self.event_markers:
+                    return True
+        return any(p.fullmatch(span.name) for p in self._name_patterns)
+
+
+def _marker_patterns(
+    markers: Mapping[str, frozenset[str] | None], events: frozenset[str]
+) -> tuple[bytes, ...]:
+    """The protobuf encodings searched for: ``KeyValue{key, value: AnyValue{string}}``
+    (field 1 ``key``, field 2 ``value``, whose field 1 is ``string_value``), or just
+    the key when any value marks; ``Span.Event`` field 2 (``name``) for the events."""
+    patterns: list[bytes] = []
+    for key, values in markers.items():
+        lead = string_field(0x0A, key) + b"\x12"
+        if values is None:
+            patterns.append(lead)
+            continue
+        for value in sorted(values):
+            inner = string_field(0x0A, value)
+            patterns.append(lead + varint(len(inner)) + inner)
+    patterns.extend(string_field(0x12, name) for name in sorted(events))
+    return tuple(patterns)
+
+
+DEFAULT_RULES = CaseRules()
+
+
+def may_hold_case(spans: Iterable[trace_pb2.Span], rules: CaseRules | None = None) -> bool:
+    """The evaluator's prefilter: False means no case can be built from ``spans``."""
+    return (rules or DEFAULT_RULES).may_hold_case(spans)
+
+
+# --------------------------------------------------------------------- cases
+class ReferenceLookup(Protocol):
+    """What the reference store returns for an input (fields may be None)."""
+
+    expected_output: str | None
+    reference_contexts: list[str] | None
+    reference_context_ids: list[str] | None
+    expected_outcome: str | None
+
+
+@dataclass
+class BuiltCase:
+    """One case plus where it came from and where its results go."""
+
+    span: trace_pb2.Span
+    case: RAGCase
+    trace_id: str
+    span_id: str
+    service: str
+    session_id: str | None = None
+    user_id: str | None = None
+    turn_index: int | None = None
+    expected_outcome: str | None = None
+    #: "span", "reference_store", or None when the case carries no ground truth
+    ground_truth_source: str | None = None
+    attributes: dict[str, Any] = field(default_factory=dict)
+    #: The convention that claimed the case span (``ragtrace``, ``openinference``, ...).
+    convention: str | None = None
+    #: Where each retrieved document was read, in the case's rank order (the order of
+    #: ``case.retrieval_context``), e.g. for document annotations.  None: no retriever
+    #: ran.
+    document_sources: list[DocumentSource] | None = None
+
+
+class DocumentSource(NamedTuple):
+    """Where a retrieved document was read: its retriever (or reranker) span, its index
+    there, and its id (for document-level results such as Phoenix annotations)."""
+
+    span_id: str
+    position: int
+    id: str | None = None
+
+
+class _Node:
+    """A span of the trace, its role, and its attributes decoded on first use: only the
+    case spans and the retrieval spans under them are read in full (in a trace of an
+    auto-instrumented app, the LLM and inner chain spans carry most of the bytes)."""
+
+    __slots__ = ("_attrs", "_keys", "_kvs", "convention", "role", "span")
+
+    def __init__(self, span: trace_pb2.Span, rules: CaseRules) -> None:
+        self.span = span
+        self._kvs = kvs = list(span.attributes)
+        self._keys = keys = [kv.key for kv in kvs]
+        self._attrs: dict[str, Any] | None = None
+        role_keys = rules.role_keys
+        known = {
+            k: any_value_to_python(kv.value)
+            for k, kv in zip(keys, kvs, strict=True)
+            if k in role_keys
+        }
+        self.role: Role | None = None
+        self.convention: Convention | None = None
+        for conv in rules.conventions:
+            role = conv.role(span, known)
+            if role is not None:
+                self.role, self.convention = role, conv
+                break
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """All attributes (a repeated key keeps its last value, as
+        :func:`~ragtrace_collector.otlp.spanattrs.attributes_to_dict`)."""
+        attrs = self._attrs
+        if attrs is None:
+            attrs = self._attrs = {
+                k: any_value_to_python(kv.value)
+                for k, kv in zip(self._keys, self._kvs, strict=True)
+            }
+            self._kvs = []  # the wrappers are not needed again
+        return attrs
+
+
+def _json_list(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    parsed = json_value(value)
+    if isinstance(parsed, list):
+        return [str(v) for v in parsed]
+    return [str(parsed)]
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def build_cases(
+    spans: Sequence[trace_pb2.Span],
+    *,
+    service_of: Callable[[trace_pb2.Span], str] | None = None,
+    reference_lookup: Callable[[str], ReferenceLookup | None] | None = None,
+    rules: CaseRules | None = None,
+    prefiltered: bool = False,
+) -> list[BuiltCase]:
+    """One :class:`BuiltCase` per case span in ``spans`` (one trace's spans).
+    ``prefiltered``: the caller already found that they may hold a case
+    (:func:`may_hold_case`)."""
+    rules = rules or DEFAULT_RULES
+    if not prefiltered and not rules.may_hold_case(spans):
+        return []  # the common case for non-RAG traffic: no attribute decoding at all
+    nodes: dict[bytes, _Node] = {}
+    children: dict[bytes, list[_Node]] = defaultdict(list)
+    for span in spans:
+        nodes[span.span_id] = _Node(span, rules)
+    for node in nodes.values():
+        if node.span.parent_span_id:
+            children[node.span.parent_span_id].append(node)
+
+    explicit = [
+        n
+        for n in nodes.values()
+        if n.role is Role.CASE or (rules.matchers and rules.matches(n.span, n.attrs))
+    ]
+    # @rag spans or matched spans when there are any (or matchers are set), else the
+    # outermost root above each retriever.
+    case_nodes = explicit if explicit or rules.matchers else _outermost_roots(nodes)
+    stops = {n.span.span_id for n in case_nodes}
+
+    built: list[BuiltCase] = []
+    for node in case_nodes:
+        retrievers, rerankers = _retrieval_under(node, children, stops)
+        try:
+            case = _build_one(
+                node,
+                retrievers,
+                rerankers,
+                rules=rules,
+                service=service_of(node.span) if service_of else "unknown",
+                reference_lookup=reference_lookup,
+            )
+        except Exception as exc:  # spans are untrusted: that case is skipped, not the trace
+            _log().warning(
+                "case_build_failed",
+                trace_id=node.span.trace_id.hex(),
+                span_id=node.span.span_id.hex(),
+                error=repr(exc),
+            )
+            continue
+        built.append(case)
+    return built
+
+
+def _outermost_roots(nodes: Mapping[bytes, _Node]) -> list[_Node]:
+    """The outermost ROOT ancestor of every retriever, each once, in span order."""
+    chosen: dict[bytes, _Node] = {}
+    for node in nodes.values():
+        if node.role is not Role.RETRIEVER:
+            continue
+        top: _Node | None = None
+        parent_id = node.span.parent_span_id
+        for _ in range(_MAX_DEPTH):
+            parent = nodes.get(parent_id) if parent_id else None
+            if parent is None:
+                break
+            if parent.role is Role.ROOT:
+                top = parent
+            parent_id = parent.span.parent_span_id
+        if top is not None:
+            chosen.setdefault(top.span.span_id, top)
+    order = {sid: i for i, sid in enumerate(nodes)}
+    return sorted(chosen.values(), key=lambda n: order[n.span.span_id])
+
+
+def _retrieval_under(
+    case: _Node, children: Mapping[bytes, list[_Node]], stops: set[bytes]
+) -> tuple[list[_Node], list[_Node]]:
+    retrievers: list[_Node] = []
+    rerankers: list[_Node] = []
+    seen: set[bytes] = {case.span.span_id}
+    stack = list(children.get(case.span.span_id, ()))
+    while stack:
+        node = stack.pop()
+        sid = node.span.span_id
+        if sid in stops or sid in seen:
+            continue  # a nested case span is a case of its own
+        seen.add(sid)
+        if node.role is Role.RETRIEVER:
+            retrievers.append(node)
+        elif node.role is Role.RERANKER:
+            rerankers.append(node)
+        stack.extend(children.get(sid, ()))
+    retrievers.sort(key=lambda n: (n.span.start_time_unix_nano, n.span.span_id))
+    rerankers.sort(key=lambda n: (n.span.end_time_unix_nano, n.span.span_id))
+    return retrievers, rerankers
+
+
+def _context_docs(
+    retrievers: list[_Node], rerankers: list[_Node]
+) -> tuple[list[Document], list[DocumentSource]] | None:
+    """The case's documents in rank order, each with (span id hex, position on that
+    span) of where it was read; None when no retriever ran or none recorded its
+    documents (then the ID metrics are skipped rather than scored on "found none")."""
+    sources = (
+        [(rerankers[-1], Role.RERANKER)]
+        if rerankers
+        else [(node, Role.RETRIEVER) for node in retrievers]
+    )
+    if not sources:
+        return None
+    docs: list[Document] = []
+    where: list[DocumentSource] = []
+    recorded = False
+    for node, role in sources:
+        assert node.convention is not None
+        found = node.convention.documents(node.span, node.attrs, role)
+        if found is None:
+            continue  # this span did not record its documents (not: found none)
+        recorded = True
+        docs.extend(found)
+        span_hex = node.span.span_id.hex()
+        where.extend(DocumentSource(span_hex, i, doc.id) for i, doc in enumerate(found))
+    return (docs, where) if recorded else None
+
+
+def _read_order(node: _Node, rules: CaseRules) -> list[Convention]:
+    first = [node.convention] if node.convention is not None else []
+    return first + [c for c in rules.conventions if c is not node.convention]
+
+
+def _first(readers: Iterable[Callable[[Mapping[str, Any]], str | None]], attrs: Any) -> str | None:
+    for read in readers:
+        value = read(attrs)
+        if value:
+            return value
+    return None
+
+
+def _build_one(
+    node: _Node,
+    retrievers: list[_Node],
+    rerankers: list[_Node],
+    *,
+    rules: CaseRules,
+    service: str,
+    reference_lookup: Callable[[str], ReferenceLookup | None] | None,
+) -> BuiltCase:
+    attrs = node.attrs
+    order = _read_order(node, rules)
+    if rules.question_attribute is not None:
+        user_input = reduce_question(attrs.get(rules.question_attribute))
+    else:
+        user_input = _first((c.question for c in order), attrs)
+        if not user_input:
+            for retriever in retrievers:
+                user_input = _first(
+                    (c.retrieval_query for c in _read_order(retriever, rules)), retriever.attrs
+                )
+                if user_input:
+                    break
+    if rules.answer_attribute is not None:
+        actual_output = reduce_answer(attrs.get(rules.answer_attribute))
+    else:
+        actual_output = _first((c.answer for c in order), attrs)
+    session_id = _first((c.session_id for c in order), attrs)
+    for retriever in retrievers:
+        if session_id:
+            break
+        session_id = _first((c.session_id for c in _read_order(retriever, rules)), retriever.attrs)
+
+    expected_output = _str_or_none(attrs.get(semconv.EXPECTED_OUTPUT))
+    reference_contexts = _json_list(attrs.get(semconv.REFERENCE_CONTEXTS))
+    reference_ids = _json_list(attrs.get(semconv.REFERENCE_CONTEXT_IDS))
+    expected_outcome = _str_or_none(attrs.get(semconv.EXPECTED_OUTCOME))
+    source = (
+        "span"
+        if any(v is not None for v in (expected_output, reference_contexts, reference_ids))
+        else None
+    )
+
+    if (
+        reference_lookup is not None
+        and user_input
+        and (
+            expected_output is None
+            or reference_contexts is None
+            or reference_ids is None
+            or expected_outcome is None
+        )
+    ):
+        entry = reference_lookup(user_input)
+        if entry is not None:
+            filled = False
+            if expected_output is None and entry.expected_output is not None:
+                expected_output, filled = entry.expected_output, True
+            if reference_contexts is None and entry.reference_contexts is not None:
+                reference_contexts, filled = [str(t) for t in entry.reference_contexts], True
+            if reference_ids is None and entry.reference_context_ids is not None:
+                reference_ids, filled = [str(i) for i in entry.reference_context_ids], True
+            if expected_outcome is None and entry.expected_outcome is not None:
+                expected_outcome = entry.expected_outcome
+            if filled and source is None:
+                source = "reference_store"
+
+    found = _context_docs(retrievers, rerankers)
+    docs, document_sources = found if found is not None else (None, None)
+    retrieval_context: list[ContextItem] | None = None
+    retrieved_ids: list[str] | None = None
+    if docs is not None:
+        ids = [d.id for d in docs if d.id is not None]
+        # No document carried an id: the ID metrics have nothing to compare (skipped).
+        # No document at all: an empty retrieval, which the ID metrics score as 0.
+        retrieved_ids = ids if (ids or not docs) else None
+        if all(d.content is not None for d in docs):
+            # Built without validation: every value already has the type ContextItem
+            # declares (read as such above), ids as the text they are compared by.
+            retrieval_context = [
+                trusted(
+                    ContextItem,
+                    {
+                        "content": d.content or "",
+                        "id": d.id if d.id is None or type(d.id) is str else id_text(d.id),
+                        "score": d.score,
+                        "metadata": d.metadata,
+                    },
+                )
+                for d in docs
+            ]
+
+    span = node.span
+    turn = attrs.get(semconv.TURN_INDEX)
+    if isinstance(turn, (int, float)) and not isinstance(turn, bool):
+        turn_index: int | None = int(turn)
+    elif session_id:
+        turn_index = span.start_time_unix_nano // 1000
+    else:
+        turn_index = None
+    trace_id = span.trace_id.hex()
+    span_id = span.span_id.hex()
+    case = trusted(
+        RAGCase,
+        {
+            "input": user_input,
+            "actual_output": actual_output,
+            "expected_output": expected_output,
+            "retrieval_context": retrieval_context,
+            "reference_contexts": reference_contexts,
+            "reference_context_ids": reference_ids,
+            "retrieved_context_ids": retrieved_ids,
+            "case_id": f"{trace_id}:{span_id}",
+        },
+    )
+    return BuiltCase(
+        span=span,
+        case=case,
+        trace_id=trace_id,
+        span_id=span_id,
+        service=service,
+        session_id=session_id,
+        user_id=_str_or_none(attrs.get(semconv.USER_ID)),
+        turn_index=turn_index,
+        expected_outcome=expected_outcome,
+        ground_truth_source=source,
+        attributes=attrs,
+        convention=node.convention.name if node.convention is not None else None,
+        document_sources=document_sources,
+    )
