@@ -10,11 +10,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-METRICS_DOC = ROOT / "docs" / "metrics.md"
-CONFIG_DOC = ROOT / "docs" / "configuration.md"
-OPERATIONS_DOC = ROOT / "docs" / "operations.md"
-#: Every document whose examples and links the tests check.
-DOCUMENTS = (README, METRICS_DOC, CONFIG_DOC, OPERATIONS_DOC)
+DOCS = ROOT / "docs"
+DOCS_INDEX = DOCS / "README.md"
+METRICS_DOC = DOCS / "metrics.md"
+CONFIG_DOC = DOCS / "configuration.md"
+OPERATIONS_DOC = DOCS / "operations.md"
+#: Every document whose examples and links the tests check: the README and every
+#: Markdown file in docs/ (a new document is checked without being listed here).
+DOCUMENTS = (README, *sorted(DOCS.glob("*.md")))
 
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<info>[^`\n]*)$")
 _MARKER = re.compile(r"^\s*<!--\s*(?P<marker>[^>]*?)\s*-->\s*$")
@@ -22,7 +25,7 @@ _MARKER = re.compile(r"^\s*<!--\s*(?P<marker>[^>]*?)\s*-->\s*$")
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced code block of the README."""
+    """One fenced code block of the README or of a document in docs/."""
 
     lang: str
     body: str
@@ -83,6 +86,38 @@ def marked(text: str, marker: str) -> Block:
     return found[0]
 
 
+def doc_name(path: Path) -> str:
+    """The document's path relative to the repository root, e.g. ``docs/metrics.md``."""
+    return str(path.relative_to(ROOT))
+
+
+def all_blocks() -> list[Block]:
+    """The code blocks of every document, each knowing which document it is in."""
+    return [b for path in DOCUMENTS for b in code_blocks(doc_text(path), doc_name(path))]
+
+
+def find_marked(marker: str) -> Block:
+    """The one code block marked ``<!-- marker -->``, in whichever document holds it."""
+    found = [b for b in all_blocks() if b.marker == marker]
+    where = ", ".join(b.where() for b in found)
+    assert len(found) == 1, (
+        f"expected one code block marked <!-- {marker} --> in README.md and docs/*.md, "
+        f"found {len(found)}: {where}"
+    )
+    return found[0]
+
+
+def find_between(name: str) -> str:
+    """The section between ``<!-- name:begin -->`` and ``<!-- name:end -->``, in whichever
+    document holds it."""
+    begin = f"<!-- {name}:begin -->"
+    holders = [path for path in DOCUMENTS if begin in doc_text(path)]
+    assert len(holders) == 1, (
+        f"expected {begin} in one document, found it in {[doc_name(p) for p in holders]}"
+    )
+    return between(doc_text(holders[0]), name)
+
+
 def between(text: str, name: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     assert text.count(begin) == 1, f"marker {begin} missing or repeated"
@@ -94,7 +129,7 @@ def between(text: str, name: str) -> str:
 
 
 def outside_code(text: str) -> str:
-    """The README without its fenced code blocks (for headings and links)."""
+    """A document without its fenced code blocks (for headings and links)."""
     out: list[str] = []
     in_code = False
     for line in text.splitlines():

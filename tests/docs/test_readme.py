@@ -1,10 +1,12 @@
 """README.md and docs/ cannot drift from the code: the configuration reference
 (docs/configuration.md) is the generator's output, every YAML example is a valid config
 (or a valid reference file), the metric reference (docs/metrics.md) names exactly the
-registered metrics and the default set, and every link resolves."""
+registered metrics and the default set, every link resolves, and the README stays a
+landing page whose details live in docs/, each listed in the index docs/README.md."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from pathlib import Path
@@ -14,18 +16,23 @@ import yaml
 
 from ragtrace_collector.config import ConfigError, parse_config
 from ragtrace_collector.configref import DOCUMENT, REGENERATE, extract_block, render_reference
-from ragtrace_collector.loaders import load_dataset
 from ragtrace_collector.metrics import METRIC_NAMES, NO_JUDGE_METRICS, OFFLINE_METRICS
-from ragtrace_collector.reference_store import ReferenceStore, ReferenceStoreConfig
+from ragtrace_collector.offline.loaders import load_dataset
+from ragtrace_collector.stores.reference import ReferenceStore, ReferenceStoreConfig
 from tests.docs._readme import (
     CONFIG_DOC,
+    DOCS,
+    DOCS_INDEX,
     DOCUMENTS,
     METRICS_DOC,
     ROOT,
     Block,
+    all_blocks,
     between,
     code_blocks,
+    doc_name,
     doc_text,
+    find_marked,
     github_anchor,
     outside_code,
     readme_text,
@@ -37,12 +44,7 @@ _CHECKS = {"check: reference-jsonl", "check: reference-yaml", "check: eval-datas
 
 def _blocks(lang: str) -> list[Block]:
     """The ``lang`` code blocks of the README and of every document in docs/."""
-    return [
-        b
-        for path in DOCUMENTS
-        for b in code_blocks(doc_text(path), str(path.relative_to(ROOT)))
-        if b.lang == lang
-    ]
+    return [b for b in all_blocks() if b.lang == lang]
 
 
 def _config_blocks() -> list[Block]:
@@ -92,8 +94,16 @@ def test_every_yaml_example_is_a_valid_collector_config(block: Block) -> None:
 
 
 def test_every_checked_block_has_a_known_check() -> None:
-    marks = {b.marker for b in code_blocks(readme_text()) if b.marker.startswith("check:")}
-    assert marks == _CHECKS, "a check: marker without a test, or a test without its block"
+    marks = [b.marker for b in all_blocks() if b.marker.startswith("check:")]
+    assert sorted(marks) == sorted(_CHECKS), (
+        "a check: marker without a test, a test without its block, or a marker used twice"
+    )
+
+
+def test_no_marker_names_two_blocks() -> None:
+    # Tests find a marked block in whichever document holds it: a name must be unique.
+    markers = [b.marker for b in all_blocks() if b.marker]
+    assert len(markers) == len(set(markers)), sorted(markers)
 
 
 @pytest.mark.parametrize(
@@ -101,7 +111,7 @@ def test_every_checked_block_has_a_known_check() -> None:
     [("check: reference-jsonl", ".jsonl"), ("check: reference-yaml", ".yaml")],
 )
 def test_reference_file_examples_load(marker: str, suffix: str, tmp_path: Path) -> None:
-    [block] = [b for b in code_blocks(readme_text()) if b.marker == marker]
+    block = find_marked(marker)
     path = tmp_path / f"references{suffix}"
     path.write_text(block.body, encoding="utf-8")
     store = ReferenceStore(ReferenceStoreConfig(path=path, match="fuzzy"))
@@ -123,7 +133,7 @@ def test_reference_file_examples_load(marker: str, suffix: str, tmp_path: Path) 
 
 
 def test_eval_dataset_example_loads_with_deepeval_and_ragas_names(tmp_path: Path) -> None:
-    [block] = [b for b in code_blocks(readme_text()) if b.marker == "check: eval-dataset"]
+    block = find_marked("check: eval-dataset")
     path = tmp_path / "cases.jsonl"
     path.write_text(block.body, encoding="utf-8")
     result = load_dataset(path)
@@ -159,7 +169,7 @@ def test_metric_reference_marks_exactly_the_metrics_without_a_judge() -> None:
 
 def test_default_metric_set_is_written_out_right() -> None:
     words = {11: "eleven", 12: "twelve", 10: "ten"}
-    assert f"runs the {words[len(OFFLINE_METRICS)]} metrics" in readme_text()
+    assert f"runs the {words[len(OFFLINE_METRICS)]} metrics" in " ".join(readme_text().split())
     text = doc_text(METRICS_DOC)
     paragraph = text[text.index("**The default set.**") :].split("\n\n")[0]
     assert f"runs {words[len(OFFLINE_METRICS)]} metrics" in paragraph
@@ -188,7 +198,15 @@ def _anchors(path: Path) -> set[str]:
     return anchors | set(re.findall(r'<a id="([^"]+)">', prose))
 
 
-@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.name)
+def test_documents_include_the_new_docs() -> None:
+    # Guards the link and example tests against passing vacuously on a narrower set.
+    names = {doc_name(p) for p in DOCUMENTS}
+    for expected in ("README.md", "docs/README.md", "docs/metrics.md", "docs/operations.md"):
+        assert expected in names
+    assert len(names) >= 10
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=doc_name)
 def test_internal_links_resolve(path: Path) -> None:
     prose = outside_code(doc_text(path))
     name = path.relative_to(ROOT)
@@ -209,3 +227,77 @@ def test_readme_starts_with_the_two_commands() -> None:
     assert "bash scripts/test.sh" in first_block.body
     for script in ("demo.sh", "test.sh"):
         assert (ROOT / "scripts" / script).is_file(), script
+
+
+def test_readme_names_the_fast_subset_with_registered_markers() -> None:
+    command = 'bash scripts/test.sh -m "not services and not slow"'
+    assert command in readme_text()
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    for marker in ("services", "slow"):
+        assert f'"{marker}: ' in pyproject, f"marker {marker} is not registered"
+
+
+def test_readme_is_a_landing_page() -> None:
+    # Details belong in docs/; the README keeps the pitch, the two commands, the quick
+    # start, the frameworks table and links.
+    text = readme_text()
+    assert len(text.splitlines()) <= 260, "README.md grew: move the details to docs/"
+    assert "](docs/README.md)" in text
+
+
+def test_docs_index_lists_every_document() -> None:
+    index = outside_code(doc_text(DOCS_INDEX))
+    linked = set(re.findall(r"\]\(([^)#]+\.md)\)", index))
+    documents = {p.name for p in DOCS.glob("*.md")} - {DOCS_INDEX.name}
+    assert documents <= linked, f"docs/README.md does not list {sorted(documents - linked)}"
+    # One line per document: none listed twice.
+    listed = [line for line in index.splitlines() if line.startswith("- [")]
+    assert len(listed) == len(documents)
+    assert "](../README.md)" in index
+
+
+def test_readme_links_every_document_it_moved() -> None:
+    text = readme_text()
+    for doc in (
+        "instrumenting.md",
+        "already-instrumented.md",
+        "viewing-scores.md",
+        "alerting.md",
+        "ground-truth.md",
+        "offline-evaluation.md",
+        "scaling-out.md",
+        "performance.md",
+        "delivery.md",
+        "operations.md",
+        "comparison.md",
+        "development.md",
+    ):
+        assert f"](docs/{doc})" in text, doc
+        assert (DOCS / doc).is_file(), doc
+
+
+_MODULE_PATH = re.compile(r"\bragtrace_collector(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` is a module, or an attribute reached from one."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=doc_name)
+def test_every_module_path_in_the_docs_exists(path: Path) -> None:
+    # Prose and examples name modules (ragtrace_collector.offline.pytest_plugin, ...);
+    # a package reorganisation must not leave a stale one behind.
+    for dotted in sorted(set(_MODULE_PATH.findall(doc_text(path)))):
+        assert _resolves(dotted), f"{doc_name(path)} names {dotted}, which does not exist"
