@@ -119,6 +119,7 @@ def test_the_dashboard_names_only_exported_series() -> None:
     assert REQUIRED_FAMILIES - shown == set()
 
 
+@pytest.mark.services  # promtool
 def test_every_dashboard_query_parses(tmp_path: Path) -> None:
     dash = load_dashboard()
     exprs = [interpolate(e) for e in queries(dash) + variable_selectors(dash)]

@@ -24,6 +24,7 @@ NOISES: list[Noise] = ["normal", "beta", "bernoulli"]
 
 
 # ------------------------------------------------------------- both sides of noise
+@pytest.mark.slow  # 120 seeded half-hours per noise: about 5 s each
 @pytest.mark.parametrize("noise", NOISES)
 async def test_noise_at_the_baseline_level_never_fires(noise: Noise) -> None:
     """120 seeded runs of 30 minutes of steady scores (120 per window, re-tested every

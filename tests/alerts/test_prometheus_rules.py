@@ -48,12 +48,14 @@ def test_the_shipped_rules_pass_promtool_check() -> None:
     assert "SUCCESS: 6 rules found" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_shipped_rules_pass_their_unit_tests() -> None:
     result = _tool("promtool", "test", "rules", RULE_TESTS)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_unit_tests_catch_a_changed_rule(tmp_path: Path) -> None:
     """The promtool tests are not vacuous: rules with a drop threshold of 0.5 (the
     recall drop in the fixture is 0.3) fail them."""

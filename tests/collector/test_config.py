@@ -24,6 +24,7 @@ from ragtrace_collector.exporters.config import (
 )
 from ragtrace_collector.otlp.codec import decode_json_request, iter_spans
 from tests.collector.harness import emit_rag_request, make_app, span_key
+from tests.fakes.ports import free_port
 
 COLLECTOR = Path(sys.executable).with_name("ragtrace-collector")
 ROOT = Path(__file__).resolve().parents[2]
@@ -243,9 +244,7 @@ def _port_is_free(port: int) -> bool:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 def test_serve_with_a_bad_config_exits_non_zero_before_listening(tmp_path: Path) -> None:

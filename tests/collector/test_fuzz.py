@@ -204,7 +204,8 @@ def test_grpc_raw_bytes_fuzz(collector: CollectorThread, body: bytes) -> None:
 
 
 def test_still_healthy_after_fuzzing(collector: CollectorThread) -> None:
-    # Runs after the fuzz tests in this module (file order).
+    # Runs after the fuzz tests in this module (file order; tests/conftest.py keeps the
+    # module on one xdist worker).
     _still_healthy(collector)
     rejected = collector.metric(
         "ragtrace_requests_rejected_total", {"receiver": "otlp_http", "reason": "malformed"}

@@ -156,6 +156,7 @@ def test_a_15mb_rag_trace_with_ground_truth_does_not_stall_the_collector(
         collector.kill()
 
 
+@pytest.mark.slow
 def test_a_10mb_judge_answer_does_not_stall_the_collector(sink: OtlpSink, tmp_path: Path) -> None:
     huge = huge_judge_reply(10 * 1000 * 1000)
 

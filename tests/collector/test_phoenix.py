@@ -20,8 +20,9 @@ from tests.collector.harness import (
     running_collector,
     span_key,
 )
-from tests.fakes.phoenix import PhoenixServer, phoenix  # noqa: F401  (fixture)
+from tests.fakes.phoenix import PhoenixServer
 
+# tests/conftest.py keeps every Phoenix test on one xdist worker: one Phoenix start.
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 #: Phoenix keeps the OpenInference span kind in its own field, not in attributes.
@@ -34,7 +35,7 @@ def _plain(value: Any) -> Any:
 
 @pytest.mark.parametrize(("sdk", "exporter"), [("http", "otlp_http"), ("grpc", "otlp_grpc")])
 def test_spans_reach_phoenix_through_the_collector(
-    phoenix: PhoenixServer,  # noqa: F811
+    phoenix: PhoenixServer,
     sdk: str,
     exporter: str,
 ) -> None:

@@ -21,6 +21,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from tests.collector.harness import (
+    App,
     CollectorThread,
     assert_delivered_exactly,
     collector_config,
@@ -45,6 +46,11 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str,
             return int(resp.status), dict(resp.headers), resp.read()
     except urllib.error.HTTPError as err:
         return int(err.code), dict(err.headers), err.read()
+
+
+def _traces(app: App) -> set[bytes]:
+    """The trace ids of what ``app`` emitted (this module's sink is shared by its tests)."""
+    return {bytes.fromhex(span_key(span)[0]) for span in app.emitted()}
 
 
 def status_of(body: bytes, content_type: str) -> status_pb2.Status:
@@ -86,14 +92,13 @@ def test_http_protobuf_accepts_and_answers_protobuf(
     collector: CollectorThread, sink: OtlpSink
 ) -> None:
     spans = rag_trace(children=2)
-    before = sink.span_count
     status, headers, body = post(collector.http_url, make_request(spans).SerializeToString(), PB)
     assert status == 200
     assert headers["Content-Type"] == "application/x-protobuf"
     response = ExportTraceServiceResponse()
     response.ParseFromString(body)
     assert not response.HasField("partial_success")
-    sink.wait_for_spans(before + 3)
+    sink.wait_for_traces({spans[0].trace_id}, 3)
 
 
 def test_http_json_with_hex_ids_round_trips_exactly(
@@ -151,12 +156,11 @@ def test_http_json_with_hex_ids_round_trips_exactly(
             }
         ]
     }
-    before = sink.span_count
     status, headers, body = post(collector.http_url, json.dumps(payload).encode(), JS)
     assert status == 200, body
     assert headers["Content-Type"] == "application/json"
     assert json.loads(body) == {}
-    got = {r.span.name: r for r in sink.wait_for_spans(before + 2)[before:]}
+    got = {r.span.name: r for r in sink.wait_for_traces({trace_id}, 2)}
     child = got["child"].span
     assert child.trace_id == trace_id
     assert child.span_id == child_id
@@ -173,11 +177,11 @@ def test_http_json_with_hex_ids_round_trips_exactly(
 
 
 def test_http_gzip_body_is_accepted(collector: CollectorThread, sink: OtlpSink) -> None:
-    before = sink.span_count
-    body = gzip.compress(make_request(rag_trace(children=1)).SerializeToString())
+    spans = rag_trace(children=1)
+    body = gzip.compress(make_request(spans).SerializeToString())
     status, _, _ = post(collector.http_url, body, {**PB, "Content-Encoding": "gzip"})
     assert status == 200
-    sink.wait_for_spans(before + 2)
+    sink.wait_for_traces({spans[0].trace_id}, 2)
 
 
 @pytest.mark.parametrize(
@@ -194,14 +198,20 @@ def test_http_gzip_body_is_accepted(collector: CollectorThread, sink: OtlpSink) 
         (JS, b'{"resourceSpans": 5}', 400, "invalid OTLP/JSON"),
         (JS, b"[1, 2]", 400, "top level must be an object"),
         ({**PB, "Content-Encoding": "gzip"}, b"not gzip at all", 400, "invalid gzip body"),
-        ({**PB, "Content-Encoding": "gzip"}, gzip.compress(b"x" * 100)[:-9], 400, "truncated gzip"),
+        # mtime=0: the same bytes, hence the same test id, in every xdist worker
+        (
+            {**PB, "Content-Encoding": "gzip"},
+            gzip.compress(b"x" * 100, mtime=0)[:-9],
+            400,
+            "truncated gzip",
+        ),
         ({**PB, "Content-Encoding": "br"}, b"", 415, "unsupported Content-Encoding"),
         ({"Content-Type": "text/plain"}, b"hello", 415, "unsupported Content-Type"),
         ({}, b"hello", 415, "unsupported Content-Type"),
         (PB, b"\x0a" + b"\x00" * (70 * 1024), 413, "exceeds the limit"),
         (
             {**PB, "Content-Encoding": "gzip"},
-            gzip.compress(b"\x00" * (1024 * 1024)),
+            gzip.compress(b"\x00" * (1024 * 1024), mtime=0),
             413,
             "decompressed body exceeds",
         ),
@@ -235,7 +245,6 @@ def test_http_bad_input_gets_the_otlp_status_and_a_clear_message(
 def test_http_partial_success_for_spans_with_bad_ids(
     collector: CollectorThread, sink: OtlpSink
 ) -> None:
-    before = sink.span_count
     invalid_id = {"receiver": "otlp_http", "reason": "invalid_id"}
     refused_before = collector.metric("ragtrace_spans_refused_total", invalid_id)
     spans = [*rag_trace(children=1), make_span(b"\x00" * 16, name="bad")]
@@ -246,8 +255,8 @@ def test_http_partial_success_for_spans_with_bad_ids(
     assert response.partial_success.rejected_spans == 1
     assert "trace_id" in response.partial_success.error_message
     assert collector.metric("ragtrace_spans_refused_total", invalid_id) == refused_before + 1
-    got = sink.wait_for_spans(before + 2)
-    assert "bad" not in {r.span.name for r in got[before:]}
+    sink.wait_for_traces({spans[0].trace_id}, 2)
+    assert "bad" not in {r.span.name for r in sink.spans}
 
 
 def test_http_wrong_path_and_method(collector: CollectorThread) -> None:
@@ -274,10 +283,10 @@ def test_grpc_malformed_message_is_invalid_argument(
         _grpc_call(collector, b"\xff\xff\xff\xff")
     assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "malformed protobuf" in err.value.details()
-    before = sink.span_count
-    answer = _grpc_call(collector, make_request(rag_trace()).SerializeToString())
+    spans = rag_trace()
+    answer = _grpc_call(collector, make_request(spans).SerializeToString())
     assert ExportTraceServiceResponse.FromString(answer) == ExportTraceServiceResponse()
-    sink.wait_for_spans(before + 3)
+    sink.wait_for_traces({spans[0].trace_id}, 3)
 
 
 def test_grpc_message_over_the_limit_is_refused(collector: CollectorThread) -> None:
@@ -319,6 +328,8 @@ def test_grpc_auth_refuses_missing_or_wrong_token(
 
 
 def test_sdk_exporters_with_the_token_get_through(authed: CollectorThread, sink: OtlpSink) -> None:
+    refused, _, _ = post(authed.http_url, make_request(rag_trace()).SerializeToString(), PB)
+    assert refused == 401
     header = {"authorization": f"Bearer {TOKEN}"}
     for exporter in (
         HttpSpanExporter(endpoint=authed.http_url, headers=header),
@@ -329,7 +340,7 @@ def test_sdk_exporters_with_the_token_get_through(authed: CollectorThread, sink:
         for n in range(5):
             emit_rag_request(app.provider, n)
         app.shutdown()
-        assert_delivered_exactly(app.emitted(), sink.wait_for_spans(15))
+        assert_delivered_exactly(app.emitted(), sink.wait_for_traces(_traces(app), 15))
     assert (
         authed.metric(
             "ragtrace_requests_rejected_total",
@@ -407,7 +418,7 @@ def test_tls_on_both_receivers_and_both_exporters(
                 emit_rag_request(app.provider, n)
             app.shutdown()
             emitted = app.emitted()
-            got = sink.wait_for_spans(2 * len(emitted))
+            got = sink.wait_for_traces(_traces(app), 2 * len(emitted))
             # Each exporter delivered a full copy.
             keys = [r.key for r in got]
             assert sorted(keys) == sorted([span_key(s) for s in emitted] * 2)
@@ -428,7 +439,7 @@ def test_tls_on_both_receivers_and_both_exporters(
         )
         emit_rag_request(app.provider, 1)
         app.shutdown()
-        assert_delivered_exactly(app.emitted(), sink.wait_for_spans(3))
+        assert_delivered_exactly(app.emitted(), sink.wait_for_traces(_traces(app), 3))
 
 
 # ------------------------------------------------------------ back-pressure

@@ -93,7 +93,8 @@ def test_one_failing_exporter_does_not_block_another() -> None:
             app.shutdown()
 
 
-@pytest.mark.parametrize("sdk_protocol", ["http", "grpc"])
+# OTLP/HTTP's exporter backs off for seconds after each refusal (gRPC's does not).
+@pytest.mark.parametrize("sdk_protocol", [pytest.param("http", marks=pytest.mark.slow), "grpc"])
 def test_flood_far_beyond_capacity_is_throttled_and_nothing_is_lost(
     sink: OtlpSink, sdk_protocol: str
 ) -> None:

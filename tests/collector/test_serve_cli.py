@@ -20,6 +20,7 @@ from ragtrace_collector.cli import main
 from ragtrace_collector.service.logs import configure_logging, get_logger
 from ragtrace_collector.service.ports import Endpoint, bind_problem
 from tests.collector.harness import serve_until_exit
+from tests.fakes.ports import free_port
 
 COLLECTOR = Path(sys.executable).with_name("ragtrace-collector")
 
@@ -31,9 +32,7 @@ KEYS = {
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 @pytest.mark.parametrize("taken", ["admin", "grpc", "http"])

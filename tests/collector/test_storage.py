@@ -185,6 +185,7 @@ def stop(serve: ServeProcess, timeout: float = 60) -> int:
 
 
 # ----------------------------------------------------------------- crash
+@pytest.mark.slow
 def test_kill_9_mid_stream_loses_no_acknowledged_span(sink: OtlpSink, tmp_path: Path) -> None:
     """20k spans at a steady rate, backend down, kill -9 mid-stream, restart with the
     backend up: every acknowledged span is delivered; duplicates are counted."""

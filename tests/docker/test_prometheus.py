@@ -11,6 +11,7 @@ import pytest
 from tests.docker._files import DOCKER, ROOT, SCALE_OUT
 
 
+@pytest.mark.services  # promtool
 @pytest.mark.parametrize(
     "config",
     [DOCKER / "prometheus" / "prometheus.yml", SCALE_OUT / "prometheus.yml"],

@@ -9,7 +9,6 @@ import pytest
 from tests.e2e import _app
 from tests.e2e._support import JUDGE_KEY_ENV, JudgeServer
 from tests.fakes.otlp_sink import OtlpSink
-from tests.fakes.redis_server import redis_server as redis_server
 from tests.fakes.sdk_state import clean_sdk_state
 
 

@@ -12,15 +12,14 @@ import pytest
 import yaml
 
 from tests.collector.harness import COLLECTOR
+from tests.fakes.ports import free_port
 
 #: A reference file that exists but does not parse (a missing one is only a status).
 _BROKEN_REFS = Path(__file__).with_name("broken_refs.jsonl")
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 @pytest.mark.parametrize(

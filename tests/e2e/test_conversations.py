@@ -164,6 +164,7 @@ def test_conversation_sent_in_one_batch(
     _check(_run(sink, store, burst=True))
 
 
+@pytest.mark.slow
 def test_turns_finishing_out_of_order(sink: OtlpSink, judge_server: JudgeServer) -> None:
     """An LLM judge that answers later turns faster: the windows finish in reverse
     order, yet each turn's conversation score is the mean over the windows up to it."""

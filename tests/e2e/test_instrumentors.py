@@ -12,7 +12,6 @@ itself saw; and that no other span was scored.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,13 +146,22 @@ def test_openinference_langchain(
 
 # ------------------------------------------------------------------ OpenLLMetry
 @pytest.fixture
-def openllmetry_langchain() -> Iterator[Any]:
-    os.environ.setdefault("TRACELOOP_TRACE_CONTENT", "true")
+def openllmetry_langchain(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setenv("TRACELOOP_TRACE_CONTENT", "true")
+    from langchain_core.callbacks import BaseCallbackManager
     from opentelemetry.instrumentation.langchain import LangchainInstrumentor
+    from opentelemetry.instrumentation.utils import unwrap
 
     instrumentor = LangchainInstrumentor()
     yield instrumentor
     instrumentor.uninstrument()
+    # Its uninstrument() misses its own wrapper (it unwraps the attribute
+    # "BaseCallbackManager.__init__" of the module langchain_core.callbacks, which does
+    # not exist), so every later LangChain run in this process would still get its
+    # handler: spans parented to its spans, which a shut-down provider never exports,
+    # and traces the collector must wait out.  Unwrap it where it is.
+    unwrap(BaseCallbackManager, "__init__")
+    assert not hasattr(BaseCallbackManager.__init__, "__wrapped__")
 
 
 def test_openllmetry_langchain(sink: OtlpSink, tmp_path: Path, openllmetry_langchain: Any) -> None:

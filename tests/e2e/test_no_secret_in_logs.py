@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 import ragtrace
@@ -142,6 +143,7 @@ def _wait(log: Path, proc: subprocess.Popen[bytes], predicate: Any, what: str) -
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_no_credential_in_any_log_line(tmp_path: Path) -> None:
     dead = {k: free_port() for k in ("http", "grpc", "judge", "redis", "webhook", "alertmanager")}
     config_path = tmp_path / "collector.yaml"

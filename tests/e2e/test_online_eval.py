@@ -12,8 +12,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import litellm
-
 import ragtrace
 from ragtrace import semconv
 from tests.e2e import _app
@@ -196,6 +194,10 @@ def _scripted_judge(request: RecordedRequest) -> Reply:
 def test_llm_metrics_through_litellm_to_the_loopback_server(
     sink: OtlpSink, judge_server: JudgeServer
 ) -> None:
+    # Imported here, not when the suite is collected: litellm takes seconds to import.
+    # (ragtrace_collector, imported above, set LITELLM_LOCAL_MODEL_COST_MAP=True.)
+    import litellm
+
     judge_server.handler = _scripted_judge
     for question, case in _LLM_CASES.items():
         _app.route(question, case["docs"])

@@ -30,10 +30,11 @@ from tests.collector.harness import collector_config
 from tests.e2e import _app
 from tests.e2e._app import KB
 from tests.e2e._support import evaluating_collector
-from tests.fakes.phoenix import PhoenixServer, phoenix  # noqa: F401  (fixture)
+from tests.fakes.phoenix import PhoenixServer
 
 # Phoenix's start (shared, but counted in the first test), the traffic and two
-# Chromium renders with a 15 s virtual-time budget each.
+# Chromium renders with a 15 s virtual-time budget each.  tests/conftest.py keeps every
+# Phoenix test on one xdist worker: one Phoenix start.
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(600)]
 
 Q1 = "What is the capital of France?"
@@ -149,7 +150,7 @@ def chromium() -> str:
 
 
 def test_results_become_span_document_and_session_annotations(
-    phoenix: PhoenixServer,  # noqa: F811
+    phoenix: PhoenixServer,
     tmp_path: Path,
     chromium: str,
 ) -> None:
@@ -279,26 +280,28 @@ def _chromium(binary: str, profile: Path, *args: str) -> subprocess.CompletedPro
 
 
 def _render(binary: str, server: PhoenixServer, span_id: str, tmp_path: Path, name: str) -> str:
-    """The rendered DOM of the span's page; a screenshot is saved as ``<name>.png``."""
+    """The rendered DOM of the span's page; a screenshot is saved as ``<name>.png``.
+
+    One Chromium run does both (each run waits out the 15 s virtual-time budget, about
+    7 s of real time here)."""
     url = f"{server.url}/redirects/spans/{span_id}"
-    dom = _chromium(binary, tmp_path / f"chromium-{name}-dom", "--dump-dom", url)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    (tmp_path / f"{name}.html").write_text(dom.stdout)
     shot = tmp_path / f"{name}.png"
-    png = _chromium(
+    page = _chromium(
         binary,
-        tmp_path / f"chromium-{name}-shot",
+        tmp_path / f"chromium-{name}",
+        "--dump-dom",
         f"--screenshot={shot}",
         "--window-size=1600,1000",
         url,
     )
-    assert png.returncode == 0, png.stderr[-2000:]
+    assert page.returncode == 0, page.stderr[-2000:]
+    (tmp_path / f"{name}.html").write_text(page.stdout)
     assert shot.stat().st_size > 10_000
-    return dom.stdout
+    return page.stdout
 
 
 def test_late_results_land_on_the_evaluated_span_without_a_carrier(
-    phoenix: PhoenixServer,  # noqa: F811
+    phoenix: PhoenixServer,
     tmp_path: Path,
 ) -> None:
     project, session = "ragtrace-annotations-carrier", "sess-phoenix-2"

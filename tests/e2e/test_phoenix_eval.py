@@ -13,8 +13,9 @@ from tests.collector.harness import collector_config
 from tests.e2e import _app
 from tests.e2e._app import KB
 from tests.e2e._support import evaluating_collector
-from tests.fakes.phoenix import PhoenixServer, phoenix  # noqa: F401  (fixture)
+from tests.fakes.phoenix import PhoenixServer
 
+# tests/conftest.py keeps every Phoenix test on one xdist worker: one Phoenix start.
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 QUESTION = "What is the capital of France?"
@@ -50,7 +51,7 @@ def _evaluations(attrs: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("exporter", ["otlp_http", "otlp_grpc"])
 def test_evaluated_span_is_readable_in_phoenix(
-    phoenix: PhoenixServer,  # noqa: F811
+    phoenix: PhoenixServer,
     monkeypatch: pytest.MonkeyPatch,
     exporter: str,
 ) -> None:

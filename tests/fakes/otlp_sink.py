@@ -30,7 +30,7 @@ import contextlib
 import gzip
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -227,6 +227,28 @@ class OtlpSink:
                     )
                 self._lock.wait(left)
             return list(self._spans)
+
+    def wait_for_traces(
+        self, trace_ids: Collection[bytes], count: int, timeout: float = 30.0
+    ) -> list[ReceivedSpan]:
+        """Block until at least ``count`` spans of these traces arrived, and return them:
+        a sink shared by several tests may also get another test's spans, even late."""
+        wanted = set(trace_ids)
+
+        def mine() -> list[ReceivedSpan]:
+            return [r for r in self._spans if r.span.trace_id in wanted]
+
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while len(found := mine()) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(
+                        f"sink got {len(found)} spans of these traces, expected {count} "
+                        f"within {timeout}s"
+                    )
+                self._lock.wait(left)
+            return found
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -1,4 +1,5 @@
-"""A real Arize Phoenix server on loopback, for tests (session-scoped fixture ``phoenix``).
+"""A real Arize Phoenix server on loopback, for tests (the session fixture ``phoenix`` of
+``tests/conftest.py``: one server per test session, i.e. per pytest-xdist worker).
 
 Phoenix lives in its own venv (``RAGTRACE_PHOENIX_PYTHON``, default
 ``<repo>/.venv-phoenix/bin/python``).  The server runs as
@@ -6,9 +7,7 @@ Phoenix lives in its own venv (``RAGTRACE_PHOENIX_PYTHON``, default
 (SQLite inside); its environment is the demo's (:func:`examples.demo.phoenix.phoenix_env`):
 telemetry and every outbound feature off, bound to 127.0.0.1.
 
-Use it from any test package by importing the fixture into a conftest or test module::
-
-    from tests.fakes.phoenix import phoenix  # noqa: F401  (the fixture)
+Any test can ask for it (and must be marked ``services``)::
 
     def test_x(phoenix: PhoenixServer) -> None:
         ... export OTLP to phoenix.otlp_http_url or phoenix.otlp_grpc_endpoint ...
@@ -19,6 +18,7 @@ Spans are read back through Phoenix's REST API (``GET /v1/projects/{project}/spa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from examples.demo.phoenix import PhoenixError, phoenix_env
 from examples.demo.phoenix import phoenix_python as _phoenix_python
+from tests.fakes.markers import require_services_marker
+from tests.fakes.ports import free_port
 
-__all__ = ["PhoenixServer", "phoenix", "phoenix_python", "start_phoenix"]
+__all__ = ["PhoenixServer", "phoenix_python", "running_phoenix", "start_phoenix"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 _STARTUP_TIMEOUT = 180.0
@@ -50,12 +50,6 @@ def phoenix_python() -> str:
         return str(_phoenix_python(_ROOT))
     except PhoenixError as exc:
         raise RuntimeError(f"{exc} (or set RAGTRACE_PHOENIX_PYTHON)") from None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -134,10 +128,32 @@ class PhoenixServer:
             return ""
 
 
+_START_ATTEMPTS = 3
+
+
 def start_phoenix(working_dir: Path) -> PhoenixServer:
-    """Start Phoenix and wait until it answers; the caller must stop ``process``."""
+    """Start Phoenix and wait until it answers; the caller must stop ``process``.
+
+    A Phoenix that exits during start-up (a port taken before it bound it) is started
+    again on other ports."""
+    require_services_marker("Arize Phoenix")
     python = phoenix_python()
-    port, grpc_port = _free_port(), _free_port()
+    errors: list[str] = []
+    for attempt in range(_START_ATTEMPTS):
+        try:
+            return _start_once(python, working_dir / f"attempt-{attempt}")
+        except _ExitedEarly as exc:
+            errors.append(str(exc))
+    raise RuntimeError("\n---\n".join(errors))
+
+
+class _ExitedEarly(RuntimeError):
+    pass
+
+
+def _start_once(python: str, working_dir: Path) -> PhoenixServer:
+    working_dir.mkdir(parents=True, exist_ok=True)
+    port, grpc_port = free_port(), free_port()
     env = phoenix_env(working_dir, port, grpc_port)
     log_path = working_dir / "phoenix.log"
     with open(log_path, "wb") as log:
@@ -153,7 +169,7 @@ def start_phoenix(working_dir: Path) -> PhoenixServer:
     deadline = time.monotonic() + _STARTUP_TIMEOUT
     while True:
         if process.poll() is not None:
-            raise RuntimeError(f"Phoenix exited with {process.returncode}:\n{server.log_tail()}")
+            raise _ExitedEarly(f"Phoenix exited with {process.returncode}:\n{server.log_tail()}")
         try:
             with urllib.request.urlopen(f"{server.url}/healthz", timeout=2) as resp:
                 if resp.status == 200 and _grpc_listening(grpc_port):
@@ -185,9 +201,10 @@ def stop_phoenix(server: PhoenixServer) -> None:
             server.process.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
-def phoenix() -> Iterator[PhoenixServer]:
-    """A Phoenix server shared by the whole test session."""
+@contextlib.contextmanager
+def running_phoenix() -> Iterator[PhoenixServer]:
+    """A Phoenix server in a temporary working directory, stopped on exit (the
+    session fixture ``phoenix`` of ``tests/conftest.py``)."""
     with tempfile.TemporaryDirectory(prefix="ragtrace-phoenix-") as directory:
         server = start_phoenix(Path(directory))
         try:

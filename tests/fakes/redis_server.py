@@ -1,9 +1,8 @@
 """A real ``redis-server`` on a free loopback port, for tests.
 
-Use the ``redis_server`` fixture (session scope: one server for the test session;
-give each test its own key prefix or flush it), or :class:`RedisServer` directly::
-
-    from tests.fakes.redis_server import redis_server as redis_server  # in a conftest
+Use the ``redis_server`` fixture of ``tests/conftest.py`` (session scope: one server for
+the test session, i.e. one per pytest-xdist worker; give each test its own key prefix or
+flush it), or :class:`RedisServer` directly.
 
 The server runs from a temporary directory with persistence off
 (``--save '' --appendonly no``), listens on 127.0.0.1 only, and is killed at teardown.
@@ -21,12 +20,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from tests.fakes.markers import require_services_marker
+from tests.fakes.ports import free_port
 
-__all__ = ["RedisServer", "redis_server"]
+__all__ = ["RedisServer"]
 
 _START_TIMEOUT = 20.0
 _STOP_TIMEOUT = 10.0
@@ -39,13 +38,6 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _ping(port: int, timeout: float) -> bool:
@@ -81,11 +73,12 @@ class RedisServer:
         return Path(self._dir.name) / "redis.log"
 
     def start(self) -> None:
+        require_services_marker("redis-server")
         self._dir = tempfile.TemporaryDirectory(prefix="ragtrace-redis-")
         errors: list[str] = []
         # The port is free when probed but may be taken before redis binds it: retry.
         for _ in range(_ATTEMPTS):
-            self.port = _free_port()
+            self.port = free_port()
             if self._launch():
                 return
             errors.append(self._read_log())
@@ -172,10 +165,3 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    """A running redis-server for the whole test session."""
-    with RedisServer() as server:
-        yield server

@@ -15,8 +15,10 @@ ready, and stop them on exit.  Use the context managers::
 The async variants wait for readiness in a worker thread, so an in-test HTTP server
 on the same event loop keeps answering scrapes meanwhile.  Processes are started
 from the calling thread and, on Linux, are killed when that thread goes away
-(``PR_SET_PDEATHSIG``), so a crashed test run leaves none behind.  Ports are chosen
-free on 127.0.0.1; a start that loses the port race is retried on another port.
+(``PR_SET_PDEATHSIG``), so a crashed test run leaves none behind.  Ports come from
+:func:`tests.fakes.ports.free_port` (a range of this xdist worker's own); a start that
+still loses its port is retried on another one.  Every start needs the running test to
+be marked ``services``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import contextlib
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +39,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from tests.fakes.markers import require_services_marker
+from tests.fakes.ports import free_port
 
 __all__ = [
     "ALERTMANAGER",
@@ -65,13 +69,6 @@ AMTOOL = shutil.which("amtool")
 T = TypeVar("T")
 
 _START_ATTEMPTS = 3
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 right now (bind port 0, read it, release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -176,6 +173,7 @@ class ServiceProcess:
 
 
 def _spawn(name: str, workdir: Path, argv: list[str], port: int, ready_path: str) -> ServiceProcess:
+    require_services_marker(name)
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / f"{name}.log"
     log_file = log_path.open("ab")

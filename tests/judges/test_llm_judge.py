@@ -714,23 +714,27 @@ from tests.judges.test_llm_judge import usefulness_task
 
 async def main() -> None:
     judge = LLMJudge(JudgeConfig(model="openai/ragtrace-test-judge", api_base=sys.argv[1]))
-    worst = 0.0
+    worst_lag = worst_cpu = 0.0
     async def tick() -> None:
-        nonlocal worst
+        # Between two ticks: the wall time, and the CPU time of the loop's own thread,
+        # i.e. the work that held the loop (waiting for a busy machine's CPU is not).
+        nonlocal worst_lag, worst_cpu
         while True:
-            before = time.monotonic()
+            before, cpu = time.monotonic(), time.thread_time()
             await asyncio.sleep(0.005)
-            worst = max(worst, time.monotonic() - before - 0.005)
+            worst_lag = max(worst_lag, time.monotonic() - before - 0.005)
+            worst_cpu = max(worst_cpu, time.thread_time() - cpu)
     ticker = asyncio.create_task(tick())
     await asyncio.sleep(0.05)
     await judge.ask(usefulness_task())
     ticker.cancel()
-    print(json.dumps({"worst_lag_s": worst}))
+    print(json.dumps({"worst_lag_s": worst_lag, "worst_loop_cpu_s": worst_cpu}))
 
 asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 async def test_the_first_call_does_not_stall_the_event_loop(
     openai_server: FakeOpenAIServer,
 ) -> None:
@@ -749,5 +753,9 @@ async def test_the_first_call_does_not_stall_the_event_loop(
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()
     assert len(openai_server.requests) == 1
-    # Lazy imports used to hold the loop for 1.3 s here; now it is about 10 ms.
-    assert json.loads(out)["worst_lag_s"] < 0.1
+    # Lazy imports used to hold the loop here: 0.4 s of the loop thread's CPU time with
+    # compiled bytecode, 1.3 s without.  Now its longest turn takes about 6 ms of CPU
+    # (10 ms of wall time on an idle machine).  CPU time, not wall time: a busy
+    # machine delays the loop without anything holding it.
+    seen = json.loads(out)
+    assert seen["worst_loop_cpu_s"] < 0.1, seen

@@ -180,6 +180,7 @@ def test_subprocess_with_progress(tmp_path: Path) -> None:
     assert "no such file" in bad.stderr
 
 
+@pytest.mark.slow
 async def test_llm_judge_through_the_cli(tmp_path: Path, openai_server: FakeOpenAIServer) -> None:
     openai_server.handler = auto_reply
     config = tmp_path / "collector.yaml"

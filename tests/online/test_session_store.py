@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -23,6 +22,7 @@ from ragtrace_collector.stores.session import (
     TurnContext,
     create_session_store,
 )
+from tests.fakes.ports import free_port
 from tests.fakes.redis_server import RedisServer
 
 
@@ -96,7 +96,7 @@ class Backend:
             await store.aclose()
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.services)])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     server = request.getfixturevalue("redis_server") if request.param == "redis" else None
     b = Backend(request.param, server)
@@ -312,6 +312,7 @@ async def test_memory_lru_eviction_and_expired_sweep() -> None:
     assert len(store) == 1
 
 
+@pytest.mark.services
 async def test_redis_keys_are_namespaced_and_carry_the_ttl(redis_server: RedisServer) -> None:
     prefix = f"ns-{uuid.uuid4().hex}:"
     config = SessionStoreConfig(backend="redis", url=redis_server.url, key_prefix=prefix, ttl=2)
@@ -335,6 +336,7 @@ async def test_redis_keys_are_namespaced_and_carry_the_ttl(redis_server: RedisSe
         await raw.aclose()
 
 
+@pytest.mark.services
 async def test_redis_skips_a_corrupt_member(redis_server: RedisServer) -> None:
     prefix = f"bad-{uuid.uuid4().hex}:"
     store = RedisSessionStore(
@@ -350,10 +352,7 @@ async def test_redis_skips_a_corrupt_member(redis_server: RedisServer) -> None:
 
 
 def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+    return free_port()  # nothing listens there
 
 
 @pytest.mark.parametrize(

@@ -332,7 +332,7 @@ def _conversation() -> Conversation:
     return Conversation(turns=turns, expected_outcome=_OUTCOME)
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.services)])
 def session_store(request: pytest.FixtureRequest) -> Any:
     if request.param == "memory":
         return create_session_store(SessionStoreConfig(), window_size=2)

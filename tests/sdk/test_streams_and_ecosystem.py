@@ -1,6 +1,10 @@
 """Capture gaps found with real ecosystem objects: returned streams (the OpenAI
 ``stream=True`` pattern), partial output of a failing stream, and documents from
-LangChain and LlamaIndex whose id or score sits in their metadata."""
+LangChain and LlamaIndex whose id or score sits in their metadata.
+
+LangChain and LlamaIndex are imported in the tests that use them (seconds of imports,
+not to be paid when the suite is collected).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from langchain_core.documents import Document
-from langchain_core.language_models.fake_chat_models import FakeListChatModel
-from llama_index.core.schema import NodeWithScore, TextNode
 from opentelemetry.trace import StatusCode
 
 import ragtrace
@@ -214,6 +215,8 @@ async def test_returned_async_stream(recorder: Recorder) -> None:
 
 
 def test_langchain_chat_model_stream(recorder: Recorder) -> None:
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
     model = FakeListChatModel(responses=["Five business days."])
 
     @ragtrace.generator
@@ -239,6 +242,8 @@ async def test_dict_chunks_from_an_async_generator(recorder: Recorder) -> None:
 
 
 def test_langchain_documents_empty_id_and_reranker_score(recorder: Recorder) -> None:
+    from langchain_core.documents import Document
+
     @ragtrace.reranker
     def rerank(query: str, documents: list[Document]) -> list[Document]:
         return [
@@ -268,6 +273,9 @@ def test_langchain_documents_empty_id_and_reranker_score(recorder: Recorder) -> 
 
 
 def test_explicit_scores_win_over_metadata(recorder: Recorder) -> None:
+    from langchain_core.documents import Document
+    from llama_index.core.schema import NodeWithScore, TextNode
+
     @ragtrace.retriever
     def search(query: str) -> list[Any]:
         return [
