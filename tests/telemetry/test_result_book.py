@@ -4,6 +4,8 @@ would have exposed for the same results."""
 
 from __future__ import annotations
 
+import gc
+import itertools
 import math
 import random
 import re
@@ -102,3 +104,33 @@ def test_a_scrape_from_another_thread_while_results_are_written() -> None:
         if line.startswith("ragtrace_eval_score_count")
     )
     assert total == 20_000
+
+
+def test_a_scrape_copies_the_series_even_when_a_write_lands_mid_copy() -> None:
+    """The scrape copies the series while the event loop may write: a cyclic GC run
+    that the copy's own allocations trigger can run Python code (finalizers), and so
+    let the loop thread in.  A gc callback plays that thread here, deterministically:
+    it adds a series each time the GC starts."""
+    book = ResultBook(registry=(registry := CollectorRegistry()))
+    for i in range(300):
+        book.record(f"svc-{i}", "m", "passed", 0.5)
+    added = itertools.count()
+
+    def write_mid_copy(phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            book.record(f"new-{next(added)}", "m", "passed", 0.5)
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(write_mid_copy)
+    gc.set_threshold(1)  # a collection at nearly every allocation
+    try:
+        text = generate_latest(registry).decode()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(write_mid_copy)
+    assert next(added) > 0, "the GC never ran during the scrape: the test proves nothing"
+    # Every series that existed when the scrape began is in it.
+    for i in range(300):
+        assert (
+            f'ragtrace_eval_results_total{{metric="m",outcome="passed",service="svc-{i}"}}' in text
+        )

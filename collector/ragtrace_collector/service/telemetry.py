@@ -210,7 +210,7 @@ class ResultBook:
     prometheus-client's metric objects that cost a lock and a few calls per increment,
     a noticeable share of the collector's CPU per case.  The counts are written by one
     thread (the event loop's; :meth:`record` is not safe to call from two threads at
-    once) and read by a scrape from any thread, which copies them first; the series
+    once) and read by a scrape from any thread, which snapshots them first; the series
     exposed are the ones prometheus-client's Counter and Histogram expose (``_total``,
     ``_bucket``, ``_count``, ``_sum``, ``_created``).
     """
@@ -260,9 +260,13 @@ class ResultBook:
         )
 
     def collect(self) -> Iterator[Metric]:
-        # Copied first (each copy is one C call, which no loop-thread write interleaves).
-        scores = [(key, list(row)) for key, row in list(self._scores.items())]
-        results = [(key, list(row)) for key, row in list(self._results.items())]
+        # The dicts are snapshotted with dict.copy(), which takes the entries in one C
+        # step with no allocation a cyclic GC run could start from.  Iterating them
+        # directly (list(d.items()) included: a tuple per item) is not safe: a GC run
+        # that an allocation starts may call finalizers, i.e. Python code, and so let
+        # the loop thread add a series mid-iteration ("dictionary changed size").
+        scores = [(key, list(row)) for key, row in self._scores.copy().items()]
+        results = [(key, list(row)) for key, row in self._results.copy().items()]
         histogram, counter = self._families()
         created: list[Sample] = []
         for (service, metric), row in scores:
