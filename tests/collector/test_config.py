@@ -24,7 +24,7 @@ from ragtrace_collector.exporters.config import (
 )
 from ragtrace_collector.otlp.codec import decode_json_request, iter_spans
 from tests.collector.harness import emit_rag_request, make_app, span_key
-from tests.fakes.ports import free_port
+from tests.fakes.ports import free_port, port_is_free
 
 COLLECTOR = Path(sys.executable).with_name("ragtrace-collector")
 ROOT = Path(__file__).resolve().parents[2]
@@ -234,21 +234,8 @@ def test_check_config_command_line_and_the_shipped_docker_config(tmp_path: Path)
     assert "ok" in done.stdout
 
 
-def _port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _free_port() -> int:
-    return free_port()
-
-
 def test_serve_with_a_bad_config_exits_non_zero_before_listening(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     path = tmp_path / "c.yaml"
     path.write_text(
         f"receivers:\n  http:\n    endpoint: 127.0.0.1:{port}\nassembly:\n  decision_wiat: 2s\n"
@@ -261,7 +248,7 @@ def test_serve_with_a_bad_config_exits_non_zero_before_listening(tmp_path: Path)
     assert "assembly.decision_wiat: unknown key (did you mean 'decision_wait'?)" in done.stderr
     assert "listening" not in done.stderr
     assert time.monotonic() - started < 30
-    assert _port_is_free(port)
+    assert port_is_free(port)
 
 
 def test_serve_with_no_config_at_all_works_with_default_otel_settings(

@@ -31,10 +31,6 @@ KEYS = {
 }
 
 
-def _free_port() -> int:
-    return free_port()
-
-
 @pytest.mark.parametrize("taken", ["admin", "grpc", "http"])
 def test_a_port_in_use_names_the_key_and_the_fix(tmp_path: Path, taken: str) -> None:
     with socket.socket() as blocker:
@@ -88,7 +84,7 @@ def test_endpoint_flags_and_set_override_the_file(tmp_path: Path) -> None:
             f"  http: {{endpoint: '127.0.0.1:{busy}'}}\n"
             f"admin: {{endpoint: '127.0.0.1:{busy}'}}\n"
         )
-        ports = {name: _free_port() for name in KEYS}
+        ports = {name: free_port() for name in KEYS}
         argv = [str(COLLECTOR), "serve", "--config", str(path)]
         for name, (_key, flag) in KEYS.items():
             argv += [flag, f"127.0.0.1:{ports[name]}"]

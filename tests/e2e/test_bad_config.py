@@ -18,10 +18,6 @@ from tests.fakes.ports import free_port
 _BROKEN_REFS = Path(__file__).with_name("broken_refs.jsonl")
 
 
-def _free_port() -> int:
-    return free_port()
-
-
 @pytest.mark.parametrize(
     ("sections", "names"),
     [
@@ -40,7 +36,7 @@ def _free_port() -> int:
 def test_bad_evaluation_config_exits_nonzero_before_listening(
     tmp_path: Path, sections: dict[str, Any], names: list[str]
 ) -> None:
-    http_port = _free_port()
+    http_port = free_port()
     config: dict[str, Any] = {
         "receivers": {
             "grpc": {"endpoint": "127.0.0.1:0"},

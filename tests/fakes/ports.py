@@ -20,7 +20,7 @@ import random
 import socket
 import threading
 
-__all__ = ["free_port"]
+__all__ = ["free_port", "port_is_free"]
 
 _LOWEST = 10_000
 _FALLBACK_EPHEMERAL_START = 32_768
@@ -54,7 +54,8 @@ def _slice() -> range | None:
     return range(start, start + size)
 
 
-def _bindable(port: int) -> bool:
+def port_is_free(port: int) -> bool:
+    """Nothing is bound to loopback ``port`` now (a bind to it succeeds)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind(("127.0.0.1", port))
@@ -82,6 +83,6 @@ def free_port() -> int:
         for _ in range(len(ports)):
             port = ports[_next % len(ports)]
             _next += 1
-            if _bindable(port):
+            if port_is_free(port):
                 return port
     return _kernel_port()
