@@ -469,7 +469,7 @@ async def test_memory_is_bounded_by_buckets_not_by_traffic() -> None:
     clock = Clock()
     det = detector([rule()], clock=clock)
     await drive(det, clock, GOOD, seconds=6 * 3600, rate=20.0, step=30.0)
-    busy = det._rules[0].series["shop"]
+    busy = det._rules[0].series[("shop", ())]
     assert len(busy.fine) <= 21
     assert len(busy.coarse) <= 98
     (status,) = det.status()
