@@ -16,9 +16,9 @@ from ragtrace_collector.alerts.promrules import (
     SHIPPED_ALERTS,
     _main,
     render_rules,
-    segment_label,
     with_durations,
 )
+from ragtrace_collector.evaluation.segments import prometheus_label as segment_label
 from tests.fakes.services import AMTOOL, PROMTOOL
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(60)]

@@ -30,7 +30,6 @@ duration instead.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -40,13 +39,13 @@ from typing import Any
 import yaml
 
 from ragtrace_collector.alerts.config import format_duration, parse_duration
+from ragtrace_collector.evaluation.segments import prometheus_label as segment_label
 
 __all__ = [
     "SHIPPED_ALERTS",
     "SHIPPED_SEGMENTS",
     "PromDropAlert",
     "render_rules",
-    "segment_label",
     "with_durations",
 ]
 
@@ -58,12 +57,6 @@ SHIPPED_SEGMENTS: tuple[str, ...] = (
     "service.version",
     "app.index_version",
 )
-
-
-def segment_label(key: str) -> str:
-    """The Prometheus label of a segment key: ``service.version`` -> ``service_version``."""
-    label = re.sub(r"[^A-Za-z0-9_]", "_", key)
-    return f"_{label}" if label[:1].isdigit() else label
 
 
 def _by(segments: Sequence[str]) -> str:
