@@ -534,6 +534,18 @@ def _segmented(rules: list[dict[str, object]], clock: Clock, **config: object) -
     return DropDetector(cfg, [], None, clock, keys)
 
 
+def _canary(**overrides: object) -> dict[str, object]:
+    """A canary rule in seconds-scale simulated time (60s window)."""
+    return {
+        "kind": "canary",
+        "metric": "contextual_recall",
+        "segment": "deployment.env",
+        "window": "60s",
+        "min_samples": 30,
+        **overrides,
+    }
+
+
 async def _feed(
     det: DropDetector,
     clock: Clock,
@@ -626,18 +638,7 @@ async def test_group_by_series_are_bounded_whatever_the_values() -> None:
 
 async def test_canary_fires_when_the_candidate_is_worse_than_the_stable_side() -> None:
     clock = Clock()
-    canary = {
-        "name": "canary",
-        "kind": "canary",
-        "metric": "contextual_recall",
-        "segment": "deployment.env",
-        "candidate": "canary",
-        "against": "production",
-        "window": "60s",
-        "drop": 0.1,
-        "min_samples": 30,
-    }
-    det = _segmented([canary], clock)
+    det = _segmented([_canary(name="canary", candidate="canary", against="production")], clock)
     same = {("v1", "canary"): 0.83, ("v1", "production"): 0.83, ("v1", "staging"): 0.2}
     assert await _feed(det, clock, same, seconds=600, seed=5) == []
     worse = {("v1", "canary"): 0.55, ("v1", "production"): 0.83, ("v1", "staging"): 0.2}
@@ -663,14 +664,7 @@ async def test_canary_fires_when_the_candidate_is_worse_than_the_stable_side() -
 
 async def test_canary_without_a_candidate_tests_every_value_against_the_rest() -> None:
     clock = Clock()
-    canary = {
-        "kind": "canary",
-        "metric": "contextual_recall",
-        "segment": "app.index_version",
-        "window": "60s",
-        "min_samples": 30,
-    }
-    det = _segmented([canary], clock)
+    det = _segmented([_canary(segment="app.index_version")], clock)
     events = await _feed(
         det, clock, {("v1", "p"): 0.8, ("v2", "p"): 0.8, ("v3", "p"): 0.5}, seconds=120, seed=8
     )
@@ -684,15 +678,7 @@ async def test_canary_without_a_candidate_tests_every_value_against_the_rest() -
 
 async def test_canary_needs_min_samples_on_both_sides() -> None:
     clock = Clock()
-    canary = {
-        "kind": "canary",
-        "metric": "contextual_recall",
-        "segment": "deployment.env",
-        "candidate": "canary",
-        "window": "60s",
-        "min_samples": 30,
-    }
-    det = _segmented([canary], clock)
+    det = _segmented([_canary(candidate="canary")], clock)
     # production gets 0.2/s: 12 per window, below min_samples.
     det_events = await _feed(det, clock, {("v1", "canary"): 0.3}, seconds=60, seed=9)
     for i in range(12):

@@ -234,9 +234,12 @@ def _segment_event(**overrides: object) -> AlertEvent:
     return sample_event(**fields)
 
 
+def _alertmanager() -> AlertmanagerNotifier:
+    return AlertmanagerNotifier(AlertmanagerConfig(url="http://127.0.0.1:9093"))
+
+
 def test_alertmanager_names_the_segment_and_its_siblings() -> None:
-    notifier = AlertmanagerNotifier(AlertmanagerConfig(url="http://127.0.0.1:9093"))
-    alert = notifier.alert(_segment_event())
+    alert = _alertmanager().alert(_segment_event())
     assert alert["labels"]["app_index_version"] == "v2"
     assert alert["labels"]["service"] == "shop"
     ann = alert["annotations"]
@@ -255,7 +258,6 @@ def test_alertmanager_names_the_segment_and_its_siblings() -> None:
 
 
 def test_alertmanager_canary_annotations() -> None:
-    notifier = AlertmanagerNotifier(AlertmanagerConfig(url="http://127.0.0.1:9093"))
     event = sample_event(
         kind="canary",
         baseline_kind="segment",
@@ -268,7 +270,7 @@ def test_alertmanager_canary_annotations() -> None:
         drop=0.22,
         p_value=3e-6,
     )
-    alert = notifier.alert(event)
+    alert = _alertmanager().alert(event)
     assert alert["labels"]["deployment_environment"] == "canary"
     ann = alert["annotations"]
     assert ann["against"] == "deployment.environment=production"

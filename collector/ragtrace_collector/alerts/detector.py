@@ -13,8 +13,20 @@ For each ``(rule, service)`` the detector keeps time buckets of ``(n, mean, M2)`
   bucket is folded into its coarse bucket only once it has left the current window,
   so the baseline never contains the window it is compared with.
 
-Memory is therefore bounded by ``rules x services x (20 + 97)`` small buckets, whatever
-the traffic; ``max_services_per_rule`` bounds the services.  The window edge is
+Memory is therefore bounded by ``rules x series x (20 + 97)`` small buckets, whatever
+the traffic; ``max_services_per_rule`` bounds the services.
+
+**Segments.**  A rule's ``group_by`` (keys of the ``segments:`` config) splits each
+service's series by those segment values, passed to :meth:`DropDetector.observe` by the
+evaluator (already bounded: each key has at most ``max_values + 2`` values, with
+``other`` and ``unset``), so a rule holds at most ``max_services_per_rule x
+prod(max_values + 2)`` series; past that bound, new series are ignored and logged once.
+An alert names its segment and carries its siblings' figures (the same rule and
+service, other values, measured at the same evaluation).  A ``kind: canary`` rule keeps
+one window-only series per value of its ``segment`` and tests, in each service, the
+candidate value's window against the other side's (one value, or all the others
+together) with Welch's one-sided test; the firing state lives in the candidate's
+series, with the same ``for`` and hysteresis as a drop rule.  The window edge is
 quantised to one fine bucket (5% of the window), the far edge of the baseline to one
 coarse bucket (about 1% of it).
 
