@@ -11,8 +11,10 @@ reported as that segment's::
         max_values: 10
 
 Where a value is read, for each case: the case span's attributes, then its resource's,
-then the retriever spans under it (the first that has the key).  ``retriever.name``
-falls back to the name of the case's first retriever span.
+then the retriever spans under it (the spans its retrieved documents were read from,
+in rank order: the first that has the key).  ``retriever.name`` falls back to the name
+of the first of those spans (the retriever's, or the reranker's when one reordered the
+documents).
 
 Two placeholder values, never dropped scores:
 
