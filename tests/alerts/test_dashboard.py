@@ -137,6 +137,9 @@ def test_the_dashboard_filters_and_splits_by_the_segment_labels() -> None:
     assert interpolate(panel["targets"][0]["expr"], {"split": "app_index_version"}).startswith(
         "sum by (service, app_index_version) (rate(ragtrace_eval_score_sum{"
     )
+    ratio = by_title["$metric: each $split against the rest"]
+    assert ratio["repeat"] == "metric"
+    assert "/ on (service, $split)" in ratio["targets"][0]["expr"]
 
 
 def test_the_dashboard_names_only_exported_series() -> None:
@@ -223,6 +226,35 @@ def _top_level_operands(expr: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+_MATCHING = re.compile(r"^(?:(?:on|ignoring|group_left|group_right)\s*\([^)]*\)\s*)+")
+
+
+def _enclosed(expr: str) -> bool:
+    """``expr`` is one parenthesised group: ``(a) / (b)`` is not."""
+    if not (expr.startswith("(") and expr.endswith(")")):
+        return False
+    depth = 0
+    for i, ch in enumerate(expr):
+        depth += ch in "({["
+        depth -= ch in ")}]"
+        if depth == 0 and i < len(expr) - 1:
+            return False
+    return True
+
+
+def _leaf_operands(expr: str) -> list[str]:
+    """The operands of the binary operators, through parentheses and vector matching
+    (``on (...)``, ``group_right ()``)."""
+    leaves = []
+    for operand in _top_level_operands(expr):
+        operand = _MATCHING.sub("", operand).strip()
+        if _enclosed(operand):
+            leaves.extend(_leaf_operands(operand[1:-1]))
+        else:
+            leaves.append(operand)
+    return leaves
+
+
 def _aggregates_over_replicas(operand: str) -> bool:
     inner = re.sub(r"^histogram_quantile\(\s*[\d.]+\s*,", "", operand.strip()).strip()
     if re.fullmatch(r"[\d.]+", inner):  # a constant factor such as "* 60"
@@ -240,7 +272,7 @@ def test_every_dashboard_query_sums_over_replicas() -> None:
     dash = load_dashboard()
     per_replica = []
     for expr in queries(dash):
-        for operand in _top_level_operands(interpolate(expr, custom_variables(dash))):
+        for operand in _leaf_operands(interpolate(expr, custom_variables(dash))):
             if "by (instance)" in operand:
                 per_replica.append(operand)
                 continue
@@ -251,3 +283,9 @@ def test_every_dashboard_query_sums_over_replicas() -> None:
     ]
     assert not _aggregates_over_replicas("rate(ragtrace_spans_received_total[5m])")
     assert not _aggregates_over_replicas("sum by (instance, metric) (x)")
+    # parentheses and vector matching are looked through, not taken as aggregation
+    assert _leaf_operands("(sum(a) / sum(b)) / on (s) group_right () (rate(c[5m]))") == [
+        "sum(a)",
+        "sum(b)",
+        "rate(c[5m])",
+    ]

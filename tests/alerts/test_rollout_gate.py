@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from examples.rollouts.ragtrace_gate import FAIL, INCONCLUSIVE, PASS, gate_query
 from ragtrace_collector.evaluation.segments import prometheus_label as segment_label
 from ragtrace_collector.service.telemetry import Telemetry
+from tests.alerts.dashboard import all_panels, interpolate, load_dashboard
 from tests.fakes.ports import free_port
 from tests.fakes.services import PROMTOOL, ServiceProcess, get_json, prometheus, prometheus_config
 
@@ -361,3 +362,30 @@ def test_the_docs_rollout_uses_the_template() -> None:
     declared = {a["name"] for a in template["spec"]["args"]}
     required = {a["name"] for a in template["spec"]["args"] if "value" not in a}
     assert required <= given <= declared
+
+
+def test_the_dashboard_draws_the_gates_ratio(backfilled: Backfilled) -> None:
+    """The Grafana panel "each $split against the rest", split by service_version over
+    the gate's window, answers what the gate answers for the candidate, and its inverse
+    for the stable side (there are two versions)."""
+    panel = next(
+        p
+        for p in all_panels(load_dashboard())
+        if p["title"] == "$metric: each $split against the rest"
+    )
+    expr = panel["targets"][0]["expr"].replace("$__rate_interval", "10m")
+    expr = interpolate(expr.replace('metric=~"$metric"', f'metric="{METRIC}"'), {"split": LABEL})
+    for service in ("healthy", "broken"):
+        (gate,) = query(backfilled, template_query(service))
+        answer = get_json(
+            f"{backfilled.prom.url}/api/v1/query?"
+            + urllib.parse.urlencode({"query": expr, "time": repr(backfilled.at)})
+        )["data"]["result"]
+        ratios = {
+            s["metric"][LABEL]: float(s["value"][1])
+            for s in answer
+            if s["metric"]["service"] == service
+        }
+        assert set(ratios) == {"v1", "v2"}
+        assert ratios["v2"] == pytest.approx(gate, rel=1e-9)
+        assert ratios["v1"] == pytest.approx(1 / gate, rel=1e-9)
