@@ -175,7 +175,8 @@ class _Comparison:
 @dataclass(frozen=True, slots=True)
 class _Window:
     summary: Summary
-    examples: tuple[str, ...]
+    #: The window's buckets: their examples are read only for a notification.
+    buckets: list[_Bucket]
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +185,7 @@ class _Measurement:
     baseline_value: float | None
     baseline_count: int | None
     comparison: _Comparison | None
-    examples: tuple[str, ...]
+    buckets: list[_Bucket]
 
 
 class _RuleRuntime:
@@ -416,16 +417,19 @@ class DropDetector:
 
     # ------------------------------------------------------------- evaluation
     def _window(self, runtime: _RuleRuntime, series: _Series, now: float) -> _Window:
-        """The current window's summary and lowest-scoring trace ids."""
+        """The current window's summary and buckets."""
         self._compact(runtime, series, now)
         cur = math.floor(now / runtime.fine_width)
         in_window = [b for i, b in series.fine.items() if i <= cur]
-        window = Summary.merged(b.summary for b in in_window)
+        return _Window(Summary.merged(b.summary for b in in_window), in_window)
+
+    def _examples(self, buckets: list[_Bucket]) -> tuple[str, ...]:
+        """The lowest-scoring trace ids of a window's buckets."""
         worst = heapq.nsmallest(
             self._config.example_trace_ids,
-            ((-neg, seq, tid) for b in in_window for neg, seq, tid in b.examples),
+            ((-neg, seq, tid) for b in buckets for neg, seq, tid in b.examples),
         )
-        return _Window(window, tuple(dict.fromkeys(tid for _, _, tid in worst)))
+        return tuple(dict.fromkeys(tid for _, _, tid in worst))
 
     @staticmethod
     def _compare(rule: Rule, window: Summary, baseline: float, base: Summary | None) -> _Comparison:
@@ -466,9 +470,9 @@ class DropDetector:
             baseline_count = None
             baseline_ok = True
         if window.n < rule.min_samples or not baseline_ok or baseline_value is None:
-            return _Measurement(window, baseline_value, baseline_count, None, w.examples)
+            return _Measurement(window, baseline_value, baseline_count, None, w.buckets)
         comparison = self._compare(rule, window, baseline_value, base)
-        return _Measurement(window, baseline_value, baseline_count, comparison, w.examples)
+        return _Measurement(window, baseline_value, baseline_count, comparison, w.buckets)
 
     def _measure_all(self, runtime: _RuleRuntime, now: float) -> dict[SeriesKey, _Measurement]:
         """Every series of a rule, measured at ``now``."""
@@ -492,11 +496,11 @@ class DropDetector:
                         if k != key and (rule.against is None or k[1][0] == rule.against)
                     )
                 if other is None or not other.n:
-                    out[key] = _Measurement(w.summary, None, None, None, w.examples)
+                    out[key] = _Measurement(w.summary, None, None, None, w.buckets)
                     continue
                 enough = w.summary.n >= rule.min_samples and other.n >= rule.min_samples
                 comparison = self._compare(rule, w.summary, other.mean, other) if enough else None
-                out[key] = _Measurement(w.summary, other.mean, other.n, comparison, w.examples)
+                out[key] = _Measurement(w.summary, other.mean, other.n, comparison, w.buckets)
         return out
 
     def _siblings(
@@ -567,7 +571,7 @@ class DropDetector:
             drop_threshold=c.threshold,
             p_value=c.test.p_value,
             confidence=rule.confidence,
-            example_trace_ids=m.examples,
+            example_trace_ids=self._examples(m.buckets),
             started_at=started_at,
             evaluated_at=now,
             ended_at=now if status == "resolved" else None,
