@@ -17,7 +17,16 @@ from ragtrace_collector.alerts.notifiers import AlertmanagerNotifier, WebhookNot
 from ragtrace_collector.evaluation.segments import SegmentKey
 from ragtrace_collector.service.telemetry import Telemetry
 
-from ._support import Clock, Noise, RecordingNotifier, detector, drive, rule, simulate
+from ._support import (
+    Clock,
+    Noise,
+    RecordingNotifier,
+    detector,
+    drive,
+    rule,
+    run_steps,
+    simulate,
+)
 
 GOOD = [0.85, 0.95]  # mean 0.9
 BAD = [0.45, 0.55]  # mean 0.5
@@ -558,20 +567,14 @@ async def _feed(
 ) -> list[AlertEvent]:
     """``rate`` results a second for each segment tuple, around its mean."""
     rng = random.Random(seed)
-    per_step = round(rate * step)
-    events: list[AlertEvent] = []
-    end = clock.t + seconds
-    while clock.t < end - 1e-9:
-        start = clock.t
-        for i in range(per_step):
-            clock.t = start + (i + 0.5) * step / per_step
-            for segs, mean in means.items():
-                score = min(1.0, max(0.0, rng.gauss(mean, 0.1)))
-                trace = f"{'-'.join(segs)}-{clock.t:.2f}"
-                det.observe("shop", "contextual_recall", score, trace, segments=segs)
-        clock.t = start + step
-        events.extend(await det.evaluate())
-    return events
+
+    def emit(at: float) -> None:
+        for segs, mean in means.items():
+            score = min(1.0, max(0.0, rng.gauss(mean, 0.1)))
+            trace = f"{'-'.join(segs)}-{at:.2f}"
+            det.observe("shop", "contextual_recall", score, trace, segments=segs)
+
+    return await run_steps(det, clock, emit, seconds=seconds, rate=rate, step=step)
 
 
 async def test_group_by_reports_the_segment_that_dropped_and_its_healthy_siblings() -> None:
