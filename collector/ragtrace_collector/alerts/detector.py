@@ -242,7 +242,7 @@ class DropDetector:
     """Statistically tested score-drop alerts, per rule and service.
 
     ``telemetry`` (optional) gets ``ragtrace_alert_firing{rule,metric}`` (the number
-    of services the rule is firing for) and ``ragtrace_alert_notifications``.
+    of series, services or service and segment values, the rule is firing for) and ``ragtrace_alert_notifications``.
     ``clock`` returns Unix seconds; tests inject a fake one.
     """
 

@@ -20,6 +20,11 @@ For every ready trace:
 5. write the results onto the ``@rag`` span (:mod:`ragtrace_collector.evaluation.enrichment`),
    record telemetry and feed the drop detector, then forward.
 
+With ``segments:`` configured (:mod:`ragtrace_collector.evaluation.segments`), each
+sampled case's segment values are read when it is admitted (case span, resource,
+retriever spans), those the case span lacks are written onto it, and its results are
+recorded and fed to the detector with their bounded label values.
+
 Where the work runs (the event loop does only I/O):
 
 * every case is first held to the input bounds (:mod:`ragtrace_collector.evaluation.case_bounds`):
@@ -563,8 +568,11 @@ class OnlineEvaluator(Component):
     def _record(self, outcome: _CaseOutcome, job: _Job) -> None:
         record = self._telemetry.results.record
         service = outcome.built.service
-        raw = job.segments.get(id(outcome.built.span))
-        labels = self._segments.labels(raw) if self._segments is not None and raw else ()
+        segments = self._segments
+        labels: tuple[str, ...] = ()
+        if segments is not None:
+            raw = job.segments.get(id(outcome.built.span))
+            labels = segments.labels(raw if raw is not None else segments.read({}, None))
         for r in outcome.results:
             record(service, r.metric, r.outcome, r.score, labels)
             for listener in self._listeners:
