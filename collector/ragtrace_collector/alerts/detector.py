@@ -242,7 +242,8 @@ class DropDetector:
     """Statistically tested score-drop alerts, per rule and service.
 
     ``telemetry`` (optional) gets ``ragtrace_alert_firing{rule,metric}`` (the number
-    of series, services or service and segment values, the rule is firing for) and ``ragtrace_alert_notifications``.
+    of series, services or service and segment values, the rule is firing for) and
+    ``ragtrace_alert_notifications``.
     ``clock`` returns Unix seconds; tests inject a fake one.
     """
 
@@ -322,13 +323,14 @@ class DropDetector:
             return
         now = self._clock()
         t = now if at is None or at > now else at
+        plain: SeriesKey = (service, ())
         with self._lock:
             self._seq += 1
             for runtime in runtimes:
                 rule = runtime.rule
                 if rule.service is not None and rule.service != service:
                     continue
-                key = runtime.key_of(service, segments)
+                key = runtime.key_of(service, segments) if runtime.positions else plain
                 series = runtime.series.get(key)
                 if series is None:
                     series = self._new_series(runtime, key)
