@@ -79,6 +79,11 @@ RETRIEVAL_DOCUMENT_COUNT: Final = "ragtrace.retrieval.document_count"
 RERANKER_INPUT_DOCUMENT_COUNT: Final = "ragtrace.reranker.input_document_count"
 RERANKER_OUTPUT_DOCUMENT_COUNT: Final = "ragtrace.reranker.output_document_count"
 
+# ------------------------------------------------------------------ score segments
+# A segment key (collector ``segments:``) read, when no attribute carries it, as the
+# name of the case's first retriever span.
+SEGMENT_RETRIEVER_NAME: Final = "retriever.name"
+
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
 GEN_AI_OPERATION_RETRIEVAL: Final = "retrieval"
 GEN_AI_RETRIEVAL_QUERY_TEXT: Final = "gen_ai.retrieval.query.text"

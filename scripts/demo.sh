@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The ragtrace demo, from a fresh clone, offline, without root.  Sets up the venv from
 # the lock file (a later run reuses it) and, with --phoenix, Arize Phoenix in its own
-# venv; then runs examples/demo.  Options: --output DIR, --fault MODE, --phoenix,
-# --no-wait, --quick, --json (see --help: it prints at once, and builds nothing).
+# venv; then runs examples/demo.  Options: --output DIR, --fault MODE, --rollout,
+# --phoenix, --no-wait, --quick, --json (see --help: it prints at once, and builds nothing).
 
 usage() {
   # The argparse help of examples/demo/cli.py, kept here so that --help needs no venv;
@@ -10,7 +10,8 @@ usage() {
   cat <<'USAGE'
 usage: bash scripts/demo.sh [-h] [--output DIR]
                             [--fault {wrong_index,drop_top,shuffle}]
-                            [--phoenix] [--no-wait] [--quick] [--json]
+                            [--rollout] [--phoenix] [--no-wait] [--quick]
+                            [--json]
 
 End-to-end ragtrace demo, offline: a collector scores a live RAG app's
 retrieval, the app's retrieval breaks, the drop alert fires.
@@ -22,6 +23,10 @@ options:
   --fault {wrong_index,drop_top,shuffle}
                         how retrieval breaks in the second phase (default:
                         wrong_index)
+  --rollout             instead of breaking every request, roll a new index
+                        version (v2, with the fault) out to a third of the
+                        traffic: the canary alert names app.index_version=v2
+                        while v1's scores hold
   --phoenix             also export the enriched spans to Arize Phoenix
                         (installed into .venv-phoenix) and keep it running
                         until Ctrl-C

@@ -48,6 +48,7 @@ from ragtrace_collector.evaluation.case_builder import CasesConfig
 from ragtrace_collector.evaluation.config import EvaluationConfig
 from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
 from ragtrace_collector.evaluation.sampling import SamplingConfig
+from ragtrace_collector.evaluation.segments import SegmentsConfig
 from ragtrace_collector.exporters.config import (
     ExporterConfig,
     PhoenixExporterConfig,
@@ -156,6 +157,14 @@ class CollectorConfig(StrictModel):
         description="How results are written onto spans (flat keys, OpenInference, "
         "GenAI events) and on which span.",
     )
+    segments: SegmentsConfig = Field(
+        default_factory=list,
+        description="Attribute keys (e.g. `service.version`, `app.index_version`) whose values "
+        "label the score metrics and split the drop detector's series: a key, or "
+        "`{key, max_values}` (default 20 values; the rest count as `other`, a case without "
+        "the attribute as `unset`).  Read from the case span, its resource, then its "
+        "retriever spans.  See docs/alerting.md.",
+    )
     alerts: AlertsConfig = Field(
         default_factory=AlertsConfig,
         description="The built-in drop detector: rules and notifiers.  May also be a "
@@ -184,6 +193,18 @@ class CollectorConfig(StrictModel):
         if not value:
             raise ValueError("at least one exporter is required (spans must go somewhere)")
         return value
+
+    @model_validator(mode="after")
+    def _rules_use_segments(self) -> CollectorConfig:
+        keys = {k.key for k in self.segments}
+        for rule in self.alerts.rules:
+            for key in rule.segment_keys:
+                if key not in keys:
+                    raise ValueError(
+                        f"alerts rule {rule.name!r}: {key!r} is not one of the `segments:` "
+                        f"keys ({', '.join(sorted(keys)) or 'none configured'})"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _phoenix_needs_flat_keys(self) -> CollectorConfig:

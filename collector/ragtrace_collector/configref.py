@@ -446,9 +446,9 @@ def _walk_union(members: Sequence[type[BaseModel]], path: str, missing: list[str
             merged.append(next(iter(variants)))
             continue
         for r, values in variants.items():
-            merged.append(
-                Row(r.path, r.type, r.default, r.description, f"{tag}: {', '.join(values)}")
-            )
+            # A row of a nested union keeps its own (more precise) tag.
+            member_tag = r.tag or f"{tag}: {', '.join(values)}"
+            merged.append(Row(r.path, r.type, r.default, r.description, member_tag))
     return merged
 
 

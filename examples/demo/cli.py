@@ -2,7 +2,8 @@
 
 1. start ``ragtrace-collector serve`` (offline judge, every offline metric, file
    exporter, drop-alert rules with demo-sized windows, webhook and log notifiers);
-2. send the support bot's traffic through the SDK: healthy, then with a retrieval fault;
+2. send the support bot's traffic through the SDK: healthy, then with a retrieval fault
+   (``--rollout``: only on a new index version that serves a third of the requests);
 3. show live progress, then per-metric means before and after the fault, read back
    from the enriched spans the collector wrote;
 4. show the drop alert as the in-process webhook received it;
@@ -48,16 +49,19 @@ from examples.demo.display import (
 )
 from examples.demo.phoenix import PhoenixError, PhoenixProcess, phoenix_python
 from examples.demo.plan import (
-    ALERT_METRICS,
     FAULT_DESCRIPTIONS,
+    INDEX_VERSION_KEY,
     NORMAL,
     PRIMARY_ALERT_METRIC,
     QUICK,
+    ROLLOUT_EVERY,
     DemoPlan,
+    alert_rules,
+    primary_rule,
 )
 from examples.demo.processes import ChildProcess
 from examples.demo.results import SpanReport, read_spans, summarise
-from examples.demo.traffic import Phase, TrafficDriver
+from examples.demo.traffic import IndexedBot, Phase, TrafficDriver
 from examples.demo.webhook import AlertReceiver
 from examples.support_bot import FaultMode, SupportBot
 from ragtrace import semconv
@@ -100,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
         choices=_FAULTS,
         default=FaultMode.WRONG_INDEX.value,
         help="how retrieval breaks in the second phase (default: wrong_index)",
+    )
+    parser.add_argument(
+        "--rollout",
+        action="store_true",
+        help="instead of breaking every request, roll a new index version (v2, with the "
+        "fault) out to a third of the traffic: the canary alert names app.index_version=v2 "
+        "while v1's scores hold",
     )
     parser.add_argument(
         "--phoenix",
@@ -170,6 +181,9 @@ class Demo:
         self.console = console
         self.plan: DemoPlan = QUICK if args.quick else NORMAL
         self.fault = FaultMode(args.fault)
+        self.rollout = bool(args.rollout)
+        self.primary_rule = primary_rule(rollout=self.rollout)
+        self.alert_rules = alert_rules(rollout=self.rollout)
         self.out = _output_dir(args.output)
         self.receiver: AlertReceiver | None = None
         self.collector: CollectorProcess | None = None
@@ -194,7 +208,7 @@ class Demo:
     async def run(self) -> int:
         args = self.args
         _prepare_output(self.out)
-        intro(self.console, self.plan, self.fault, phoenix=args.phoenix)
+        intro(self.console, self.plan, self.fault, phoenix=args.phoenix, rollout=self.rollout)
         webhook_url = await self._start_services()
         healthy, degraded = await self._send_traffic()
 
@@ -209,7 +223,12 @@ class Demo:
             + (" after flushing every span" if clean else " [bold red](not clean)[/]")
         )
         records = list(read_spans(self.out / _SPANS))
-        report = summarise(records, OFFLINE_METRICS, degraded.started_ns)
+        report = summarise(
+            records,
+            OFFLINE_METRICS,
+            degraded.started_ns,
+            split_by=INDEX_VERSION_KEY if self.rollout else None,
+        )
         phoenix_counts: tuple[int, int] | None = None
         if self.phoenix is not None:
             self.say("checking that Phoenix stored the enriched spans and their annotations")
@@ -239,7 +258,7 @@ class Demo:
         problems = []
         if not summary["alert"]["fired"]:
             problems.append(
-                f"the {PRIMARY_ALERT_METRIC} drop alert did not fire within "
+                f"the {self.primary_rule} alert did not fire within "
                 f"{self.plan.degraded_max_seconds:g} s of degraded traffic (see "
                 f"{shown_path(self.out / _COLLECTOR_LOG)})"
             )
@@ -277,6 +296,7 @@ class Demo:
             webhook_url=webhook_url,
             phoenix_url=self.phoenix.url if self.phoenix else None,
             phoenix_project=self.phoenix.project if self.phoenix else None,
+            rollout=self.rollout,
         )
         config_path = write_collector_config(self.out / _CONFIG, config)
         self.collector = CollectorProcess(config_path, self.out / _COLLECTOR_LOG)
@@ -301,12 +321,13 @@ class Demo:
             phoenix_project=SERVICE_NAME if self.phoenix else None,
         )
         self.sdk_configured = True
-        bot = SupportBot(fault=FaultMode.NONE, model="extractive")
+        bot_type = IndexedBot if self.rollout else SupportBot
+        bot = bot_type(fault=FaultMode.NONE, model="extractive")
         driver = TrafficDriver(
             bot, interval=self.plan.interval, conversation_every=self.plan.conversation_every
         )
         healthy = Phase("healthy", FaultMode.NONE)
-        degraded = Phase("degraded", self.fault)
+        degraded = Phase("degraded", self.fault, rollout_every=ROLLOUT_EVERY if self.rollout else 0)
         await self._traffic(driver, healthy, degraded)
         return healthy, degraded
 
@@ -314,28 +335,29 @@ class Demo:
         assert self.collector is not None
         assert self.receiver is not None
         collector, receiver, plan = self.collector, self.receiver, self.plan
-        view = LiveView(plan, self.fault)
+        view = LiveView(plan, self.fault, rollout=self.rollout)
         announced: set[str] = set()
+        rules = self.alert_rules
 
         def refresh() -> None:
-            for rule in [f"{m}_drop" for m in ALERT_METRICS]:
+            for rule in rules:
                 alert = receiver.first_firing(rule)
                 if alert is not None and rule not in announced:
                     announced.add(rule)
                     after = alert.received_at - degraded.started
                     view.alerts[rule] = after
                     self.say(
-                        f"[bold red]drop alert fired[/]: {rule} "
+                        f"[bold red]{'canary' if self.rollout else 'drop'} alert fired[/]: {rule} "
                         f"({after:.1f} s after the fault), received by the webhook"
                     )
             live.update(view.render(), refresh=True)
 
         def done() -> bool:
-            first = receiver.first_firing(f"{PRIMARY_ALERT_METRIC}_drop")
+            first = receiver.first_firing(self.primary_rule)
             if first is None:
                 return False
-            fired = {f"{m}_drop" for m in ALERT_METRICS if receiver.first_firing(f"{m}_drop")}
-            everything = len(fired) == len(ALERT_METRICS)
+            fired = {rule for rule in rules if receiver.first_firing(rule)}
+            everything = len(fired) == len(rules)
             return everything or time.monotonic() - first.received_at >= plan.window
 
         async def poll() -> None:
@@ -357,10 +379,17 @@ class Demo:
                     max_seconds=plan.healthy_seconds,
                     on_tick=refresh,
                 )
-                self.say(
-                    f"[red]phase 2[/]: fault [bold]{self.fault.value}[/] switched on: "
-                    f"{FAULT_DESCRIPTIONS[self.fault]}"
-                )
+                if self.rollout:
+                    self.say(
+                        f"[red]phase 2[/]: index [bold]v2[/] rolls out to one request in "
+                        f"{ROLLOUT_EVERY}, with fault [bold]{self.fault.value}[/]: "
+                        f"{FAULT_DESCRIPTIONS[self.fault]}; v1 serves the rest"
+                    )
+                else:
+                    self.say(
+                        f"[red]phase 2[/]: fault [bold]{self.fault.value}[/] switched on: "
+                        f"{FAULT_DESCRIPTIONS[self.fault]}"
+                    )
                 view.begin(degraded, await collector.scores() or view.latest)
                 await driver.run(
                     degraded,
@@ -389,18 +418,20 @@ class Demo:
         assert self.collector is not None
         console = self.console
         console.print()
-        console.print(results_table(report, self.fault))
+        console.print(results_table(report, self.fault, rollout=self.rollout))
         console.print()
-        primary_rule = f"{PRIMARY_ALERT_METRIC}_drop"
-        primary = self.receiver.first_firing(primary_rule)
+        primary = self.receiver.first_firing(self.primary_rule)
         others = [
             alert
-            for m in ALERT_METRICS
-            if m != PRIMARY_ALERT_METRIC
-            and (alert := self.receiver.first_firing(f"{m}_drop")) is not None
+            for rule in self.alert_rules[1:]
+            if (alert := self.receiver.first_firing(rule)) is not None
         ]
         logged = next(
-            (e for e in self.collector.log_events("alert_firing") if e.get("rule") == primary_rule),
+            (
+                e
+                for e in self.collector.log_events("alert_firing")
+                if e.get("rule") == self.primary_rule
+            ),
             None,
         )
         console.print(
@@ -410,6 +441,7 @@ class Demo:
                 webhook_url=webhook_url,
                 seconds_after_fault=(primary.received_at - degraded.started) if primary else None,
                 logged=logged,
+                kind="canary" if self.rollout else "drop",
             )
         )
         console.print()
@@ -472,15 +504,16 @@ class Demo:
     ) -> dict[str, Any]:
         assert self.receiver is not None
         assert self.collector is not None
-        primary = self.receiver.first_firing(f"{PRIMARY_ALERT_METRIC}_drop")
+        primary = self.receiver.first_firing(self.primary_rule)
         fired = {
-            f"{m}_drop": alert.payload
-            for m in ALERT_METRICS
-            if (alert := self.receiver.first_firing(f"{m}_drop")) is not None
+            rule: alert.payload
+            for rule in self.alert_rules
+            if (alert := self.receiver.first_firing(rule)) is not None
         }
         return {
             "fault": self.fault.value,
             "quick": bool(self.args.quick),
+            "rollout": self.rollout,
             "service": SERVICE_NAME,
             "output_dir": str(self.out),
             "spans_file": str(self.out / _SPANS),
@@ -492,7 +525,7 @@ class Demo:
             "spans": report.to_dict(),
             "metrics": {name: m.to_dict() for name, m in report.metrics.items()},
             "alert": {
-                "rule": f"{PRIMARY_ALERT_METRIC}_drop",
+                "rule": self.primary_rule,
                 "fired": primary is not None,
                 "seconds_after_fault": (
                     round(primary.received_at - degraded.started, 3) if primary else None
@@ -500,7 +533,10 @@ class Demo:
                 "payload": primary.payload if primary else None,
             },
             "alerts_fired": fired,
-            "alert_rules": [self.plan.rule(m) for m in ALERT_METRICS],
+            # every rule that fired at least once (a rollout: the split drop rules of the
+            # stable index must not be among them)
+            "rules_fired": sorted({a.rule for a in self.receiver.alerts if a.firing}),
+            "alert_rules": self.plan.rules(rollout=self.rollout),
             "phoenix": (
                 {
                     "url": self.phoenix.url,

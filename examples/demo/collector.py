@@ -21,8 +21,9 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from examples.demo.plan import ALERT_METRICS, DemoPlan
+from examples.demo.plan import INDEX_VERSION_KEY, DemoPlan
 from examples.demo.processes import ChildProcess, tail
+from ragtrace_collector.evaluation.segments import prometheus_label
 from ragtrace_collector.metrics import OFFLINE_METRICS
 
 __all__ = [
@@ -56,10 +57,12 @@ def collector_config(
     webhook_url: str,
     phoenix_url: str | None = None,
     phoenix_project: str | None = None,
+    rollout: bool = False,
 ) -> dict[str, Any]:
     """The demo's collector config, as data (``collector.yaml`` syntax).  With
     ``phoenix_url``, a ``type: phoenix`` exporter sends the spans there and posts the
-    scores as Phoenix annotations."""
+    scores as Phoenix annotations.  With ``rollout``, the scores are split by index
+    version (``segments:``) and the rules are the rollout's (:meth:`DemoPlan.rules`)."""
     exporters: dict[str, Any] = {
         "file": {"type": "file", "path": str(spans_path), "max_bytes": "1GiB"},
     }
@@ -70,7 +73,7 @@ def collector_config(
             "project": phoenix_project,
             "retry": {"initial_interval": "200ms", "max_interval": "2s"},
         }
-    return {
+    config: dict[str, Any] = {
         "receivers": {
             "grpc": {"enabled": False},
             "http": {"endpoint": "127.0.0.1:0"},
@@ -84,7 +87,7 @@ def collector_config(
         "exporters": exporters,
         "alerts": {
             "evaluation_interval": f"{plan.evaluation_interval:g}s",
-            "rules": [plan.rule(metric) for metric in ALERT_METRICS],
+            "rules": plan.rules(rollout=rollout),
             "webhook": {"url": webhook_url, "timeout": "5s", "max_attempts": 3},
             "log": {"enabled": True},
         },
@@ -97,6 +100,9 @@ def collector_config(
             "flush_timeout": "60s" if phoenix_url is not None else "20s",
         },
     }
+    if rollout:
+        config = {"segments": [INDEX_VERSION_KEY], **config}
+    return config
 
 
 def write_collector_config(path: Path, config: dict[str, Any]) -> Path:
@@ -112,21 +118,34 @@ def write_collector_config(path: Path, config: dict[str, Any]) -> Path:
     return path
 
 
+#: The label of the index version on the score metrics (rollout mode).
+_INDEX_LABEL = prometheus_label(INDEX_VERSION_KEY)
+
+
 @dataclass(frozen=True, slots=True)
 class ScoreTotals:
-    """Cumulative ``ragtrace_eval_score`` count and sum per metric, from /metrics."""
+    """Cumulative ``ragtrace_eval_score`` count and sum per metric, from /metrics, and
+    per (metric, index version) when the scores carry that label."""
 
     count: dict[str, float] = field(default_factory=dict)
     total: dict[str, float] = field(default_factory=dict)
     #: traces whose evaluation finished (``ragtrace_eval_latency_seconds_count``)
     traces_evaluated: float = 0.0
+    by_index: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
-    def mean_since(self, earlier: ScoreTotals, metric: str) -> float | None:
-        """Mean of the scores recorded between ``earlier`` and this snapshot."""
-        n = self.count.get(metric, 0.0) - earlier.count.get(metric, 0.0)
-        if n <= 0:
-            return None
-        return (self.total.get(metric, 0.0) - earlier.total.get(metric, 0.0)) / n
+    def mean_since(
+        self, earlier: ScoreTotals, metric: str, index: str | None = None
+    ) -> float | None:
+        """Mean of the scores recorded between ``earlier`` and this snapshot (of one
+        index version's scores only, with ``index``)."""
+        if index is None:
+            n = self.count.get(metric, 0.0) - earlier.count.get(metric, 0.0)
+            total = self.total.get(metric, 0.0) - earlier.total.get(metric, 0.0)
+        else:
+            now_n, now_total = self.by_index.get((metric, index), (0.0, 0.0))
+            then_n, then_total = earlier.by_index.get((metric, index), (0.0, 0.0))
+            n, total = now_n - then_n, now_total - then_total
+        return total / n if n > 0 else None
 
 
 def _collector_program() -> str:
@@ -243,13 +262,19 @@ class CollectorProcess:
                 if not math.isfinite(value):
                     continue
                 metric = sample.labels.get("metric", "")
+                index = sample.labels.get(_INDEX_LABEL)
+                n, total = totals.by_index.get((metric, index or ""), (0.0, 0.0))
                 if sample.name == "ragtrace_eval_score_count":
                     totals.count[metric] = totals.count.get(metric, 0.0) + value
+                    if index is not None:
+                        totals.by_index[metric, index] = (n + value, total)
                 elif sample.name == "ragtrace_eval_score_sum":
                     totals.total[metric] = totals.total.get(metric, 0.0) + value
+                    if index is not None:
+                        totals.by_index[metric, index] = (n, total + value)
                 elif sample.name == "ragtrace_eval_latency_seconds_count":
                     evaluated += value
-        return ScoreTotals(totals.count, totals.total, evaluated)
+        return ScoreTotals(totals.count, totals.total, evaluated, totals.by_index)
 
     async def stop(self, grace: float = 60.0) -> int | None:
         """Graceful shutdown (SIGTERM; the collector flushes every span), bounded."""

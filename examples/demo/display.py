@@ -17,7 +17,16 @@ from rich.table import Table
 from rich.text import Text
 
 from examples.demo.collector import ScoreTotals
-from examples.demo.plan import ALERT_METRICS, FAULT_DESCRIPTIONS, DemoPlan
+from examples.demo.plan import (
+    ALERT_METRICS,
+    CANDIDATE_INDEX,
+    FAULT_DESCRIPTIONS,
+    INDEX_VERSION_KEY,
+    ROLLOUT_EVERY,
+    STABLE_INDEX,
+    DemoPlan,
+    alert_rules,
+)
 from examples.demo.results import MetricSummary, SpanReport
 from examples.demo.traffic import Phase
 from examples.demo.webhook import ReceivedAlert
@@ -70,7 +79,9 @@ def _delta(value: float | None) -> Text:
     return Text(f"{value:+.3f}", style=style)
 
 
-def intro(console: Console, plan: DemoPlan, fault: FaultMode, *, phoenix: bool) -> None:
+def intro(
+    console: Console, plan: DemoPlan, fault: FaultMode, *, phoenix: bool, rollout: bool = False
+) -> None:
     console.rule("[bold]ragtrace demo[/]: watching retrieval quality of a live RAG app")
     steps = Table.grid(padding=(0, 1))
     steps.add_column(style="bold cyan", justify="right")
@@ -87,11 +98,20 @@ def intro(console: Console, plan: DemoPlan, fault: FaultMode, *, phoenix: bool) 
         f"with [green]healthy retrieval[/] for {plan.healthy_seconds:g} s: golden questions "
         "that carry their ground truth, and multi-turn conversations.",
     )
-    steps.add_row(
-        "3",
-        f"Break retrieval ([red]{fault.value}[/]: {FAULT_DESCRIPTIONS[fault]}) and keep the "
-        "traffic going until the collector's [bold]drop detector[/] fires.",
-    )
+    if rollout:
+        steps.add_row(
+            "3",
+            f"Roll a new index version out to one request in {ROLLOUT_EVERY} "
+            f"([bold]{INDEX_VERSION_KEY}={CANDIDATE_INDEX}[/], broken: [red]{fault.value}[/], "
+            f"{FAULT_DESCRIPTIONS[fault]}) while {STABLE_INDEX} serves the rest, until the "
+            "collector's [bold]canary rule[/] (v2 against v1, same window) fires.",
+        )
+    else:
+        steps.add_row(
+            "3",
+            f"Break retrieval ([red]{fault.value}[/]: {FAULT_DESCRIPTIONS[fault]}) and keep the "
+            "traffic going until the collector's [bold]drop detector[/] fires.",
+        )
     steps.add_row(
         "4",
         "Read the scores back from the enriched spans: before and after, per metric."
@@ -112,14 +132,16 @@ class LiveView:
     snapshots: list[ScoreTotals] = field(default_factory=list)
     latest: ScoreTotals = field(default_factory=ScoreTotals)
     alerts: dict[str, float] = field(default_factory=dict)  # rule -> seconds after the fault
+    #: a rollout: the degraded phase's scores per index version
+    rollout: bool = False
 
     def begin(self, phase: Phase, snapshot: ScoreTotals) -> None:
         self.phases.append(phase)
         self.snapshots.append(snapshot)
 
-    def _phase_mean(self, index: int, metric: str) -> float | None:
+    def _phase_mean(self, index: int, metric: str, version: str | None = None) -> float | None:
         end = self.snapshots[index + 1] if index + 1 < len(self.snapshots) else self.latest
-        return end.mean_since(self.snapshots[index], metric)
+        return end.mean_since(self.snapshots[index], metric, version)
 
     def render(self) -> RenderableType:
         grid = Table.grid(padding=(0, 2))
@@ -130,6 +152,9 @@ class LiveView:
             label = (
                 "[green]healthy retrieval[/]"
                 if phase.fault is FaultMode.NONE
+                else f"[red]index {CANDIDATE_INDEX} rolling out[/] to 1 request in "
+                f"{phase.rollout_every} (fault [bold]{phase.fault.value}[/])"
+                if phase.rollout_every
                 else f"[red]degraded retrieval[/] (fault [bold]{phase.fault.value}[/])"
             )
             elapsed = phase.elapsed()
@@ -163,15 +188,23 @@ class LiveView:
         scores = Table(box=None, padding=(0, 2), show_edge=False, header_style="dim")
         scores.add_column("live mean (collector /metrics)")
         scores.add_column("healthy", justify="right")
-        scores.add_column("degraded", justify="right")
+        if self.rollout:
+            scores.add_column(f"rollout: {STABLE_INDEX}", justify="right")
+            scores.add_column(CANDIDATE_INDEX, justify="right")
+        else:
+            scores.add_column("degraded", justify="right")
         for metric in ALERT_METRICS:
-            values = [self._phase_mean(i, metric) for i in range(len(self.snapshots))]
-            values += [None] * (2 - len(values))
-            scores.add_row(metric, _score(values[0]), _score(values[1]))
+            healthy = self._phase_mean(0, metric) if self.snapshots else None
+            if len(self.snapshots) < 2:
+                later: list[float | None] = [None, None] if self.rollout else [None]
+            elif self.rollout:
+                later = [self._phase_mean(1, metric, v) for v in (STABLE_INDEX, CANDIDATE_INDEX)]
+            else:
+                later = [self._phase_mean(1, metric)]
+            scores.add_row(metric, _score(healthy), *map(_score, later))
         grid.add_row("Scores", scores)
         lines = []
-        for metric in ALERT_METRICS:
-            rule = f"{metric}_drop"
+        for rule in alert_rules(rollout=self.rollout):
             if rule in self.alerts:
                 after = self.alerts[rule]
                 lines.append(f"[bold red]FIRING[/] {rule} [dim]({after:.1f} s after the fault)[/]")
@@ -181,9 +214,15 @@ class LiveView:
         return Panel(grid, title="live", title_align="left", border_style="cyan")
 
 
-def results_table(report: SpanReport, fault: FaultMode) -> Table:
+def results_table(report: SpanReport, fault: FaultMode, *, rollout: bool = False) -> Table:
+    title = (
+        f"Retrieval quality before and during the rollout of index {CANDIDATE_INDEX} "
+        f"({fault.value})"
+        if rollout
+        else f"Retrieval quality before and after the fault ({fault.value})"
+    )
     table = Table(
-        title=f"Retrieval quality before and after the fault ({fault.value})",
+        title=title,
         caption=f"Means of {semconv.eval_attr('<metric>', semconv.EVAL_FIELD_SCORE)} on the "
         "enriched spans the collector wrote. Offline judge: lexical heuristics, not an LLM.",
         header_style="bold",
@@ -194,10 +233,26 @@ def results_table(report: SpanReport, fault: FaultMode) -> Table:
     table.add_column("Before", justify="right")
     table.add_column("After", justify="right")
     table.add_column("Δ", justify="right")
+    if rollout:
+        table.add_column(f"After {STABLE_INDEX}", justify="right")
+        table.add_column(f"After {CANDIDATE_INDEX}", justify="right")
     table.add_column("Scored", justify="right", style="dim")
     for summary in report.metrics.values():
-        table.add_row(*_metric_row(summary))
+        row = _metric_row(summary)
+        if rollout:
+            for version in (STABLE_INDEX, CANDIDATE_INDEX):
+                stats = summary.after_by.get(version)
+                row.insert(-1, _version_score(stats.mean if stats else None, summary.before.mean))
+        table.add_row(*row)
     return table
+
+
+def _version_score(value: float | None, before: float | None) -> Text:
+    """One index version's mean after the fault, red when it is well below before."""
+    text = _score(value)
+    if value is not None and before is not None and value - before <= -_NOTABLE:
+        text.stylize(_DROP_STYLE)
+    return text
 
 
 def _metric_row(summary: MetricSummary) -> list[RenderableType]:
@@ -221,10 +276,11 @@ def alert_panel(
     webhook_url: str,
     seconds_after_fault: float | None,
     logged: dict[str, Any] | None,
+    kind: str = "drop",
 ) -> RenderableType:
     if primary is None:
         return Panel(
-            Text("No drop alert arrived at the webhook.", style="bold red"),
+            Text(f"No {kind} alert arrived at the webhook.", style="bold red"),
             title="alert",
             border_style="red",
         )
@@ -247,7 +303,7 @@ def alert_panel(
         )
     return Panel(
         Group(*parts),
-        title="[bold red]drop alert[/]",
+        title=f"[bold red]{kind} alert[/]",
         title_align="left",
         border_style="red",
     )

@@ -122,6 +122,8 @@ class MetricSummary:
     name: str
     before: MetricPhaseStats = field(default_factory=MetricPhaseStats)
     after: MetricPhaseStats = field(default_factory=MetricPhaseStats)
+    #: after the fault, per value of the split attribute (a rollout's index versions)
+    after_by: dict[str, MetricPhaseStats] = field(default_factory=dict)
 
     @property
     def delta(self) -> float | None:
@@ -130,11 +132,14 @@ class MetricSummary:
         return self.after.mean - self.before.mean
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "before": self.before.to_dict(),
             "after": self.after.to_dict(),
             "delta": self.delta,
         }
+        if self.after_by:
+            data["after_by"] = {k: v.to_dict() for k, v in sorted(self.after_by.items())}
+        return data
 
 
 @dataclass(slots=True)
@@ -164,17 +169,28 @@ class SpanReport:
         }
 
 
-def summarise(spans: Iterable[SpanRecord], metrics: Sequence[str], boundary_ns: int) -> SpanReport:
+def summarise(
+    spans: Iterable[SpanRecord],
+    metrics: Sequence[str],
+    boundary_ns: int,
+    *,
+    split_by: str | None = None,
+) -> SpanReport:
     """Per-metric scores before and after ``boundary_ns`` (the fault switch).
 
     A trace is "before" when its earliest ``@rag`` span started before the boundary.
+    With ``split_by`` (an attribute of the ``@rag`` span), the scores after the
+    boundary are also summed per value of that attribute.
     """
     records = list(spans)
     rag_start: dict[str, int] = {}
+    split: dict[str, str] = {}
     for span in records:
         if span.attributes.get(semconv.RAGTRACE_SPAN_KIND) == semconv.KIND_RAG:
             known = rag_start.get(span.trace_id)
             rag_start[span.trace_id] = span.start_ns if known is None else min(known, span.start_ns)
+            if split_by is not None and split_by in span.attributes:
+                split[span.trace_id] = str(span.attributes[split_by])
     report = SpanReport(metrics={name: MetricSummary(name) for name in metrics})
     report.spans = len(records)
     trace_ids = {span.trace_id for span in records}
@@ -194,6 +210,11 @@ def summarise(spans: Iterable[SpanRecord], metrics: Sequence[str], boundary_ns: 
             if isinstance(score, int | float) and not isinstance(score, bool):
                 stats.count += 1
                 stats.total += float(score)
+                value = split.get(span.trace_id)
+                if start >= boundary_ns and value is not None:
+                    by = summary.after_by.setdefault(value, MetricPhaseStats())
+                    by.count += 1
+                    by.total += float(score)
                 low = report.lowest.get(name)
                 if low is None or float(score) < low[0]:
                     report.lowest[name] = (float(score), span.span_id)

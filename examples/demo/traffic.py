@@ -1,5 +1,9 @@
 """The support bot's traffic, paced in real time: golden questions (which carry their
 ground truth through ``ragtrace.set_reference``) and scripted conversations.
+
+In a rollout phase one golden request in ``rollout_every`` is served by the candidate
+index (with the phase's fault) and the others by the stable one (healthy); every
+request says which index served it on its ``@rag`` span (``app.index_version``).
 """
 
 from __future__ import annotations
@@ -9,8 +13,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from opentelemetry import trace
+
+from examples.demo.plan import CANDIDATE_INDEX, INDEX_VERSION_KEY, STABLE_INDEX
 from examples.support_bot import (
     FaultMode,
+    Hit,
     SupportBot,
     load_conversations,
     load_golden,
@@ -18,7 +26,19 @@ from examples.support_bot import (
     run_golden,
 )
 
-__all__ = ["Phase", "TrafficDriver"]
+__all__ = ["IndexedBot", "Phase", "TrafficDriver"]
+
+
+class IndexedBot(SupportBot):
+    """The support bot, naming the index version that serves each request."""
+
+    index_version: str = STABLE_INDEX
+
+    def retrieve(self, query: str) -> list[Hit]:
+        # Still in the request's @rag span (the case span): the app's own attribute,
+        # which the collector's segments: turns into a label of the scores.
+        trace.get_current_span().set_attribute(INDEX_VERSION_KEY, self.index_version)
+        return super().retrieve(query)
 
 
 @dataclass(slots=True)
@@ -37,6 +57,12 @@ class Phase:
     turns: int = 0
     #: ID recall of the golden answers as the app itself saw it (ground truth known)
     app_id_recall_total: float = 0.0
+    #: a rollout: one golden request in this many goes to the candidate index, which
+    #: has the phase's fault; the others (and the conversations) to the healthy stable
+    #: one.  0: every request has the phase's fault.
+    rollout_every: int = 0
+    #: golden requests the candidate index served
+    candidate_golden: int = 0
 
     @property
     def requests(self) -> int:
@@ -59,6 +85,8 @@ class Phase:
             "conversations": self.conversations,
             "conversation_turns": self.turns,
             "app_id_recall": self.app_id_recall,
+            "rollout_every": self.rollout_every,
+            "candidate_golden_requests": self.candidate_golden,
         }
 
 
@@ -82,14 +110,27 @@ class TrafficDriver:
         phase.started_ns = time.time_ns()
         phase.started = time.monotonic()
 
+    def _serve_with(self, phase: Phase, *, candidate: bool) -> None:
+        """Point the bot at the candidate or the stable index for the next request."""
+        if not phase.rollout_every:
+            return
+        self.bot.fault = phase.fault if candidate else FaultMode.NONE
+        if isinstance(self.bot, IndexedBot):
+            self.bot.index_version = CANDIDATE_INDEX if candidate else STABLE_INDEX
+
     def tick(self, phase: Phase) -> None:
         """One golden request, and a conversation when it is its turn."""
         item = self._golden[self._ticks % len(self._golden)]
+        every = phase.rollout_every
+        candidate = bool(every) and phase.golden % every == every - 1
+        self._serve_with(phase, candidate=candidate)
+        phase.candidate_golden += candidate
         run = run_golden(self.bot, items=[item], set_reference=True)
         phase.golden += 1
         phase.app_id_recall_total += run.id_recall
         if self._ticks % self.conversation_every == self.conversation_every - 1:
             script = self._conversations[phase.conversations % len(self._conversations)]
+            self._serve_with(phase, candidate=False)
             (played,) = run_conversations(self.bot, conversations=[script])
             phase.conversations += 1
             phase.turns += len(played.answers)

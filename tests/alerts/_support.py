@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -105,6 +105,26 @@ async def simulate(
     results spread over it (a share ``skipped_ratio`` of them skipped, score None),
     then one evaluation.  Returns every transition."""
     rng = random.Random(seed)
+
+    def emit(at: float) -> None:
+        score = None if rng.random() < skipped_ratio else draw(rng, noise, mean)
+        det.observe(service, metric, score, f"{seed:04d}-{at:.2f}", at=at)
+
+    return await run_steps(det, clock, emit, seconds=seconds, rate=rate, step=step)
+
+
+async def run_steps(
+    det: DropDetector,
+    clock: Clock,
+    emit: Callable[[float], None],
+    *,
+    seconds: float,
+    rate: float,
+    step: float,
+) -> list[AlertEvent]:
+    """Advance the clock by ``seconds`` in ``step``s: ``emit(at)`` is called ``rate *
+    step`` times spread over each step (the clock set to ``at``), then one evaluation.
+    Returns every transition."""
     per_step = round(rate * step)
     events: list[AlertEvent] = []
     end = clock.t + seconds
@@ -113,8 +133,7 @@ async def simulate(
         for i in range(per_step):
             at = start + (i + 0.5) * step / per_step
             clock.t = at
-            score = None if rng.random() < skipped_ratio else draw(rng, noise, mean)
-            det.observe(service, metric, score, f"{seed:04d}-{at:.2f}", at=at)
+            emit(at)
         clock.t = start + step
         events.extend(await det.evaluate())
     return events

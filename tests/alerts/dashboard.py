@@ -76,10 +76,23 @@ def variable_selectors(dash: dict[str, Any]) -> list[str]:
     return out
 
 
-def interpolate(expr: str) -> str:
+def custom_variables(dash: dict[str, Any]) -> dict[str, str]:
+    """Each ``custom`` variable (a choice among labels, e.g. ``split``) -> its current value."""
+    return {
+        var["name"]: var["current"]["value"]
+        for var in dash["templating"]["list"]
+        if var["type"] == "custom"
+    }
+
+
+def interpolate(expr: str, custom: dict[str, str] | None = None) -> str:
+    """``expr`` as Prometheus receives it: Grafana's built-ins, the ``custom`` variables
+    (label names, used in ``by (...)``) by their value, query variables by ``.*``."""
     for name, value in GRAFANA_VARS.items():
         expr = expr.replace(name, value)
-    return re.sub(r"\$\w+", ".*", expr)  # dashboard variables only appear in =~ matchers
+    for name, value in (custom or {}).items():
+        expr = re.sub(rf"\$\{{{name}\}}|\${name}\b", value, expr)
+    return re.sub(r"\$\w+", ".*", expr)  # query variables only appear in =~ matchers
 
 
 def metric_names(expr: str) -> set[str]:

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from ragtrace_collector.alerts.config import (
     AlertsConfig,
+    CanaryRule,
     Drop,
     DropRule,
     FixedBaseline,
@@ -176,3 +177,33 @@ def test_duplicate_rule_names_and_bad_notifiers_are_errors() -> None:
         AlertsConfig.model_validate({"alertmanager": {"url": "http://a", "resend_interval": 0}})
     with pytest.raises(ValidationError, match="Extra inputs"):
         AlertsConfig.model_validate({"webhooks": {"url": "http://a"}})
+
+
+def test_rule_kinds_default_to_drop_and_canary_keys_are_checked() -> None:
+    cfg = AlertsConfig.model_validate(
+        [
+            {"metric": "recall", "group_by": ["app.index_version"]},
+            {"metric": "recall", "kind": "canary", "segment": "env", "candidate": "canary"},
+        ]
+    )
+    drop, canary = cfg.rules
+    assert isinstance(drop, DropRule)
+    assert drop.group_by == ("app.index_version",)
+    assert drop.segment_keys == ("app.index_version",)
+    assert isinstance(canary, CanaryRule)
+    assert canary.name == "recall_canary_canary"
+    assert canary.for_ == 0.0
+    assert canary.segment_keys == ("env",)
+    bad = [
+        ({"segment": "env", "against": "prod"}, "`against` needs a `candidate`"),
+        ({"segment": "env", "candidate": "a", "against": "a"}, "are the same"),
+        ({"segment": "env", "baseline": "1h"}, "baseline"),
+        ({"candidate": "x"}, "segment"),
+    ]
+    for extra, message in bad:
+        with pytest.raises(ValidationError, match=message):
+            AlertsConfig.model_validate([{"metric": "recall", "kind": "canary", **extra}])
+    with pytest.raises(ValidationError, match="listed twice"):
+        AlertsConfig.model_validate([{"metric": "recall", "group_by": ["a", "a"]}])
+    with pytest.raises(ValidationError, match="group_by"):
+        AlertsConfig.model_validate([{"metric": "recall", "kind": "canary", "group_by": ["a"]}])

@@ -18,11 +18,14 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
+from ragtrace_collector.alerts.promrules import SHIPPED_SEGMENTS
+from ragtrace_collector.evaluation.segments import prometheus_label as segment_label
 from ragtrace_collector.service.telemetry import Telemetry
 from tests.alerts.dashboard import (
     GRAFANA,
     REQUIRED_FAMILIES,
     all_panels,
+    custom_variables,
     interpolate,
     load_dashboard,
     metric_names,
@@ -101,6 +104,44 @@ def test_the_dashboard_has_the_panels_the_issue_asks_for() -> None:
         assert f"ragtrace_{health}" in text
 
 
+SEGMENT_LABELS = [segment_label(k) for k in SHIPPED_SEGMENTS]
+_SCORE_SELECTOR = re.compile(r"ragtrace_eval_(?:score_\w+|results_total)\{([^}]*)\}")
+
+
+def test_the_dashboard_filters_and_splits_by_the_segment_labels() -> None:
+    """The segment labels the shipped rules group by are the dashboard's: one filter
+    variable each, a "split by" choice among them, and a score panel per segment value."""
+    dash = load_dashboard()
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    for label in SEGMENT_LABELS:
+        var = variables[label]
+        assert var["type"] == "query"
+        assert var["query"]["query"].endswith(f", {label})")
+        assert var["includeAll"]
+        assert var["allValue"] == ".*"  # also matches a series without the label
+    split = variables["split"]
+    assert split["type"] == "custom"
+    assert split["query"].split(",") == SEGMENT_LABELS
+    assert split["current"]["value"] in SEGMENT_LABELS
+    # every score and result selector of every panel honours every segment filter
+    selectors = [m for e in queries(dash) for m in _SCORE_SELECTOR.findall(e)]
+    assert len(selectors) >= 10
+    for sel in selectors:
+        for label in SEGMENT_LABELS:
+            assert f'{label}=~"${label}"' in sel, sel
+    by_title = {p["title"]: p for p in all_panels(dash)}
+    panel = by_title["$metric by $split"]
+    assert panel["repeat"] == "metric"
+    for target in panel["targets"]:
+        assert target["expr"].count("sum by (service, $split)") == 2
+    assert interpolate(panel["targets"][0]["expr"], {"split": "app_index_version"}).startswith(
+        "sum by (service, app_index_version) (rate(ragtrace_eval_score_sum{"
+    )
+    ratio = by_title["$metric: each $split against the rest"]
+    assert ratio["repeat"] == "metric"
+    assert "/ on (service, $split)" in ratio["targets"][0]["expr"]
+
+
 def test_the_dashboard_names_only_exported_series() -> None:
     dash = load_dashboard()
     names = exported()
@@ -122,7 +163,8 @@ def test_the_dashboard_names_only_exported_series() -> None:
 @pytest.mark.services  # promtool
 def test_every_dashboard_query_parses(tmp_path: Path) -> None:
     dash = load_dashboard()
-    exprs = [interpolate(e) for e in queries(dash) + variable_selectors(dash)]
+    custom = custom_variables(dash)
+    exprs = [interpolate(e, custom) for e in queries(dash) + variable_selectors(dash)]
     records = [{"record": f"dashboard:query:{i}", "expr": e} for i, e in enumerate(exprs)]
     rules = {"groups": [{"name": "dashboard", "rules": records}]}
     path = tmp_path / "dashboard.rules.yml"
@@ -184,6 +226,35 @@ def _top_level_operands(expr: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+_MATCHING = re.compile(r"^(?:(?:on|ignoring|group_left|group_right)\s*\([^)]*\)\s*)+")
+
+
+def _enclosed(expr: str) -> bool:
+    """``expr`` is one parenthesised group: ``(a) / (b)`` is not."""
+    if not (expr.startswith("(") and expr.endswith(")")):
+        return False
+    depth = 0
+    for i, ch in enumerate(expr):
+        depth += ch in "({["
+        depth -= ch in ")}]"
+        if depth == 0 and i < len(expr) - 1:
+            return False
+    return True
+
+
+def _leaf_operands(expr: str) -> list[str]:
+    """The operands of the binary operators, through parentheses and vector matching
+    (``on (...)``, ``group_right ()``)."""
+    leaves = []
+    for operand in _top_level_operands(expr):
+        operand = _MATCHING.sub("", operand).strip()
+        if _enclosed(operand):
+            leaves.extend(_leaf_operands(operand[1:-1]))
+        else:
+            leaves.append(operand)
+    return leaves
+
+
 def _aggregates_over_replicas(operand: str) -> bool:
     inner = re.sub(r"^histogram_quantile\(\s*[\d.]+\s*,", "", operand.strip()).strip()
     if re.fullmatch(r"[\d.]+", inner):  # a constant factor such as "* 60"
@@ -201,7 +272,7 @@ def test_every_dashboard_query_sums_over_replicas() -> None:
     dash = load_dashboard()
     per_replica = []
     for expr in queries(dash):
-        for operand in _top_level_operands(interpolate(expr)):
+        for operand in _leaf_operands(interpolate(expr, custom_variables(dash))):
             if "by (instance)" in operand:
                 per_replica.append(operand)
                 continue
@@ -212,3 +283,9 @@ def test_every_dashboard_query_sums_over_replicas() -> None:
     ]
     assert not _aggregates_over_replicas("rate(ragtrace_spans_received_total[5m])")
     assert not _aggregates_over_replicas("sum by (instance, metric) (x)")
+    # parentheses and vector matching are looked through, not taken as aggregation
+    assert _leaf_operands("(sum(a) / sum(b)) / on (s) group_right () (rate(c[5m]))") == [
+        "sum(a)",
+        "sum(b)",
+        "rate(c[5m])",
+    ]

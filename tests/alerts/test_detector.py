@@ -8,14 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 
 import pytest
 
-from ragtrace_collector.alerts import AlertsConfig, DropDetector, LogNotifier
+from ragtrace_collector.alerts import AlertEvent, AlertsConfig, DropDetector, LogNotifier
 from ragtrace_collector.alerts.notifiers import AlertmanagerNotifier, WebhookNotifier
+from ragtrace_collector.evaluation.segments import SegmentKey
 from ragtrace_collector.service.telemetry import Telemetry
 
-from ._support import Clock, Noise, RecordingNotifier, detector, drive, rule, simulate
+from ._support import (
+    Clock,
+    Noise,
+    RecordingNotifier,
+    detector,
+    drive,
+    rule,
+    run_steps,
+    simulate,
+)
 
 GOOD = [0.85, 0.95]  # mean 0.9
 BAD = [0.45, 0.55]  # mean 0.5
@@ -469,7 +480,7 @@ async def test_memory_is_bounded_by_buckets_not_by_traffic() -> None:
     clock = Clock()
     det = detector([rule()], clock=clock)
     await drive(det, clock, GOOD, seconds=6 * 3600, rate=20.0, step=30.0)
-    busy = det._rules[0].series["shop"]
+    busy = det._rules[0].series[("shop", ())]
     assert len(busy.fine) <= 21
     assert len(busy.coarse) <= 98
     (status,) = det.status()
@@ -523,3 +534,162 @@ async def test_a_transition_a_webhook_missed_is_sent_again_in_order() -> None:
     await drive(det, clock, GOOD, seconds=30)
     assert len(down.events) == 2
     await det.aclose()
+
+
+# ------------------------------------------------------------------ segments
+def _segmented(rules: list[dict[str, object]], clock: Clock, **config: object) -> DropDetector:
+    cfg = AlertsConfig.model_validate({"rules": rules, "log": {"enabled": False}, **config})
+    keys = [SegmentKey(key="app.index_version", max_values=3), SegmentKey(key="deployment.env")]
+    return DropDetector(cfg, [], None, clock, keys)
+
+
+def _canary(**overrides: object) -> dict[str, object]:
+    """A canary rule in seconds-scale simulated time (60s window)."""
+    return {
+        "kind": "canary",
+        "metric": "contextual_recall",
+        "segment": "deployment.env",
+        "window": "60s",
+        "min_samples": 30,
+        **overrides,
+    }
+
+
+async def _feed(
+    det: DropDetector,
+    clock: Clock,
+    means: dict[tuple[str, ...], float],
+    *,
+    seconds: float,
+    seed: int,
+    rate: float = 2.0,
+    step: float = 10.0,
+) -> list[AlertEvent]:
+    """``rate`` results a second for each segment tuple, around its mean."""
+    rng = random.Random(seed)
+
+    def emit(at: float) -> None:
+        for segs, mean in means.items():
+            score = min(1.0, max(0.0, rng.gauss(mean, 0.1)))
+            trace = f"{'-'.join(segs)}-{at:.2f}"
+            det.observe("shop", "contextual_recall", score, trace, segments=segs)
+
+    return await run_steps(det, clock, emit, seconds=seconds, rate=rate, step=step)
+
+
+async def test_group_by_reports_the_segment_that_dropped_and_its_healthy_siblings() -> None:
+    clock = Clock()
+    det = _segmented([rule(group_by=["app.index_version"])], clock)
+    healthy = {("v1", "prod"): 0.83, ("v2", "prod"): 0.83}
+    assert await _feed(det, clock, healthy, seconds=900, seed=1) == []
+    events = await _feed(
+        det, clock, {("v1", "prod"): 0.83, ("v2", "prod"): 0.41}, seconds=300, seed=2
+    )
+    (ev,) = events
+    assert ev.status == "firing"
+    assert ev.segments == {"app.index_version": "v2"}
+    assert ev.key == ("recall", "shop", "app.index_version=v2")
+    assert ev.window_mean < ev.baseline - 0.1
+    assert ev.baseline == pytest.approx(0.83, abs=0.05)
+    # Once the window is all after the fault, the figures are the segment's own.
+    (now,) = det.firing()
+    assert now.window_mean == pytest.approx(0.41, abs=0.05)
+    (sibling,) = ev.siblings
+    assert sibling.segments == {"app.index_version": "v1"}
+    assert sibling.window_mean == pytest.approx(0.83, abs=0.05)
+    assert not sibling.dropped
+    text = ev.describe()
+    assert (
+        f"app.index_version=v2 is {ev.window_mean:.2f} against its {ev.baseline:.2f} baseline"
+        in text
+    )
+    assert f"app.index_version=v1 holds at {sibling.window_mean:.2f}" in text
+    assert all(t.startswith("v2-") for t in ev.example_trace_ids)
+    assert ev.example_trace_ids
+    by_segment = {tuple(s.segments.values()): s.phase for s in det.status()}
+    assert by_segment == {("v1",): "inactive", ("v2",): "firing"}
+
+
+async def test_without_group_by_the_segments_are_one_series_and_the_drop_is_diluted() -> None:
+    """The same fault without group_by: one series per service, the half-size drop of
+    the mixed series (0.21) is still a drop, but the alert cannot say where."""
+    clock = Clock()
+    det = _segmented([rule()], clock)
+    await _feed(det, clock, {("v1", "prod"): 0.83, ("v2", "prod"): 0.83}, seconds=900, seed=3)
+    events = await _feed(
+        det, clock, {("v1", "prod"): 0.83, ("v2", "prod"): 0.41}, seconds=300, seed=4
+    )
+    (ev,) = events
+    assert ev.segments == {}
+    assert ev.siblings == ()
+    assert [s.segments for s in det.status()] == [{}]
+
+
+async def test_group_by_series_are_bounded_whatever_the_values() -> None:
+    """3 kept values + other + unset per key: however many distinct values arrive, a
+    rule keeps at most max_services x 5 series."""
+    clock = Clock()
+    det = _segmented([rule(group_by=["app.index_version"])], clock, max_services_per_rule=2)
+    for i in range(1000):
+        for service in ("a", "b", "c"):
+            det.observe(service, "contextual_recall", 0.8, None, segments=(f"v{i}", "prod"))
+    runtime = det._rules[0]
+    assert runtime.max_series == 2 * 5
+    assert len(runtime.series) == 10
+    assert set(runtime.services) == {"a", "b"}
+
+
+async def test_canary_fires_when_the_candidate_is_worse_than_the_stable_side() -> None:
+    clock = Clock()
+    det = _segmented([_canary(name="canary", candidate="canary", against="production")], clock)
+    same = {("v1", "canary"): 0.83, ("v1", "production"): 0.83, ("v1", "staging"): 0.2}
+    assert await _feed(det, clock, same, seconds=600, seed=5) == []
+    worse = {("v1", "canary"): 0.55, ("v1", "production"): 0.83, ("v1", "staging"): 0.2}
+    (ev,) = await _feed(det, clock, worse, seconds=120, seed=6)
+    assert ev.kind == "canary"
+    assert ev.baseline_kind == "segment"
+    assert ev.segments == {"deployment.env": "canary"}
+    assert ev.against == "deployment.env=production"
+    assert ev.window_mean < ev.baseline - 0.1
+    assert ev.baseline == pytest.approx(0.83, abs=0.05)  # staging is not on the other side
+    assert det.firing()[0].window_mean == pytest.approx(0.55, abs=0.05)
+    assert ev.sample_count >= 30
+    assert ev.baseline_sample_count is not None
+    assert ev.baseline_sample_count >= 30
+    assert ev.p_value <= 0.05
+    text = ev.describe()
+    assert f"deployment.env=canary is {ev.window_mean:.2f} ({ev.sample_count} scored" in text
+    assert f"against deployment.env=production at {ev.baseline:.2f}" in text
+    assert f"p={ev.p_value:.2g}" in text
+    resolved = await _feed(det, clock, same, seconds=120, seed=7)
+    assert [e.status for e in resolved] == ["resolved"]
+
+
+async def test_canary_without_a_candidate_tests_every_value_against_the_rest() -> None:
+    clock = Clock()
+    det = _segmented([_canary(segment="app.index_version")], clock)
+    events = await _feed(
+        det, clock, {("v1", "p"): 0.8, ("v2", "p"): 0.8, ("v3", "p"): 0.5}, seconds=120, seed=8
+    )
+    (ev,) = events
+    assert ev.rule == "contextual_recall_canary"
+    assert ev.segments == {"app.index_version": "v3"}
+    assert ev.against == "app.index_version!=v3"
+    assert ev.baseline_sample_count == 2 * ev.sample_count
+    assert {tuple(s.segments.values()) for s in ev.siblings} == {("v1",), ("v2",)}
+
+
+async def test_canary_needs_min_samples_on_both_sides() -> None:
+    clock = Clock()
+    det = _segmented([_canary(candidate="canary")], clock)
+    # production gets 0.2/s: 12 per window, below min_samples.
+    det_events = await _feed(det, clock, {("v1", "canary"): 0.3}, seconds=60, seed=9)
+    for i in range(12):
+        det.observe(
+            "shop", "contextual_recall", 0.9, None, at=clock.t - i, segments=("v1", "production")
+        )
+    det_events += await det.evaluate()
+    assert det_events == []
+    (status,) = [s for s in det.status() if s.segments == {"deployment.env": "canary"}]
+    assert status.p_value is None
+    assert status.baseline_count == 12

@@ -13,7 +13,7 @@ from ragtrace_collector.alerts import (
     WebhookConfig,
     WebhookNotifier,
 )
-from ragtrace_collector.alerts.events import iso8601
+from ragtrace_collector.alerts.events import AlertEvent, SegmentMean, iso8601
 from ragtrace_collector.service.telemetry import Telemetry
 
 from ._support import T0, Clock, detector, drive, rule, sample_event
@@ -217,3 +217,86 @@ def test_alertmanager_payload() -> None:
     resolved = notifier.alert(sample_event(status="resolved", ended_at=T0 + 900))
     assert resolved["endsAt"] == iso8601(T0 + 900)
     assert notifier.resend_interval == 60
+
+
+def _segment_event(**overrides: object) -> AlertEvent:
+    fields: dict[str, object] = {
+        "window_mean": 0.41,
+        "baseline": 0.83,
+        "drop": 0.42,
+        "segments": {"app.index_version": "v2"},
+        "siblings": (
+            SegmentMean({"app.index_version": "v1"}, 0.82, 400, baseline=0.83),
+            SegmentMean({"app.index_version": "v3"}, 0.50, 30, baseline=0.84, dropped=True),
+        ),
+    }
+    fields.update(overrides)
+    return sample_event(**fields)
+
+
+def _alertmanager() -> AlertmanagerNotifier:
+    return AlertmanagerNotifier(AlertmanagerConfig(url="http://127.0.0.1:9093"))
+
+
+def test_alertmanager_names_the_segment_and_its_siblings() -> None:
+    alert = _alertmanager().alert(_segment_event())
+    assert alert["labels"]["app_index_version"] == "v2"
+    assert alert["labels"]["service"] == "shop"
+    ann = alert["annotations"]
+    assert ann["summary"] == "contextual_recall dropped for service shop, app.index_version=v2"
+    assert ann["segments"] == "app.index_version=v2"
+    assert ann["siblings"] == (
+        "app.index_version=v1 holds at 0.82; app.index_version=v3 is at 0.50 against its "
+        "0.84 baseline"
+    )
+    assert ann["description"].startswith(
+        "contextual_recall for service shop, app.index_version=v2 is 0.41 against its 0.83 "
+        "baseline; app.index_version=v1 holds at 0.82; "
+    )
+    assert ann["example_trace_ids"].startswith("4bf92f3577b34da6a3ce929d0e0e4736,")
+    assert "against" not in ann
+
+
+def test_alertmanager_canary_annotations() -> None:
+    event = sample_event(
+        kind="canary",
+        baseline_kind="segment",
+        baseline_window_seconds=None,
+        baseline_sample_count=900,
+        segments={"deployment.environment": "canary"},
+        against="deployment.environment=production",
+        window_mean=0.61,
+        baseline=0.83,
+        drop=0.22,
+        p_value=3e-6,
+    )
+    alert = _alertmanager().alert(event)
+    assert alert["labels"]["deployment_environment"] == "canary"
+    ann = alert["annotations"]
+    assert ann["against"] == "deployment.environment=production"
+    assert ann["baseline_sample_count"] == "900"
+    assert ann["description"] == (
+        "contextual_recall for service shop: deployment.environment=canary is 0.61 (140 scored "
+        "results) against deployment.environment=production at 0.83 (900 scored results) over "
+        "the last 900s, 0.220 lower (rule recall-drop: drop >= 0.100, p=3e-06)"
+    )
+
+
+async def test_webhook_payload_carries_segments_and_siblings(receiver: Receiver) -> None:
+    notifier = webhook(receiver)
+    try:
+        await notifier.notify(_segment_event())
+    finally:
+        await notifier.aclose()
+    (req,) = receiver.received
+    body = req.body
+    assert body["kind"] == "drop"
+    assert body["segments"] == {"app.index_version": "v2"}
+    assert body["siblings"][0] == {
+        "segments": {"app.index_version": "v1"},
+        "window_mean": 0.82,
+        "sample_count": 400,
+        "baseline": 0.83,
+        "dropped": False,
+    }
+    assert "app.index_version=v1 holds at 0.82" in body["summary"]

@@ -4,9 +4,12 @@ An in-test HTTP server serves ``Telemetry().render()`` (the collector's /metrics
 exposition) while the test observes ``ragtrace_eval_score`` values into it.  Prometheus
 scrapes it every second and evaluates ``render_rules(SHIPPED_ALERTS)`` with the
 windows shortened to seconds (same generator, same thresholds and minimum counts as
-``docker/prometheus/rules/ragtrace.rules.yml``).  Recall of service "shop" is good,
-then degrades: the recall alert must fire and reach Alertmanager, the steady precision
-must stay quiet, and when recall recovers the alert must resolve.
+``docker/prometheus/rules/ragtrace.rules.yml``).  The scores carry the shipped
+segment labels (``deployment_environment``, ``service_version``, ``app_index_version``)
+and service "shop" serves index versions v1 and v2 side by side.  Recall is good, then
+degrades on v2 only: the recall alert must fire for that segment and reach Alertmanager
+naming it, v1 and the steady precision must stay quiet, and when v2 recovers the alert
+must resolve.
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from ragtrace_collector.alerts.promrules import SHIPPED_ALERTS, render_rules, with_durations
+from ragtrace_collector.alerts.promrules import (
+    SHIPPED_ALERTS,
+    SHIPPED_SEGMENTS,
+    render_rules,
+    with_durations,
+)
+from ragtrace_collector.evaluation.segments import prometheus_label
 from ragtrace_collector.service.telemetry import CONTENT_TYPE_LATEST, Telemetry
 from tests.fakes.services import (
     async_alertmanager,
@@ -37,21 +46,30 @@ pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(150)]
 WINDOW, BASELINE, FOR = 10, 30, 2
 
 
+#: The segment values of the two index versions (no release attribute: "unset").
+V1, V2 = ("production", "unset", "v1"), ("production", "unset", "v2")
+
+
 class Traffic:
-    """Observes scores into the telemetry histogram ~30 times a second per metric."""
+    """Observes scores into the telemetry histogram ~30 times a second per metric and
+    index version; ``recall_mean`` is index v2's (v1 stays at 0.9)."""
 
     def __init__(self, telemetry: Telemetry) -> None:
         self.recall_mean = 0.9
+        telemetry.results.set_segment_labels([prometheus_label(k) for k in SHIPPED_SEGMENTS])
         self._observe = telemetry.results.observe
         self._rng = random.Random(42)
+
+    def _score(self, mean: float) -> float:
+        return min(1.0, max(0.0, self._rng.gauss(mean, 0.05)))
 
     async def run(self) -> None:
         while True:
             for _ in range(3):
-                recall = min(1.0, max(0.0, self._rng.gauss(self.recall_mean, 0.05)))
-                self._observe("shop", "contextual_recall", recall)
-                precision = min(1.0, max(0.0, self._rng.gauss(0.8, 0.05)))
-                self._observe("shop", "contextual_precision", precision)
+                self._observe("shop", "contextual_recall", self._score(0.9), V1)
+                self._observe("shop", "contextual_recall", self._score(self.recall_mean), V2)
+                for segments in (V1, V2):
+                    self._observe("shop", "contextual_precision", self._score(0.8), segments)
             await asyncio.sleep(0.1)
 
 
@@ -116,15 +134,16 @@ async def _run_scenario(prom: str, am: str, traffic: Traffic) -> None:
         f"service_metric:ragtrace_eval_score_count:increase_{BASELINE}s_offset_{WINDOW}s"
     )
     # 1. Good traffic until the baseline window holds enough results for the rule.
+    full = f'{baseline_count}{{metric="contextual_recall"}} >= 30'
     await await_condition(
-        lambda: _prom_query(prom, f'{baseline_count}{{metric="contextual_recall"}} >= 30') or None,
+        lambda: len(_prom_query(prom, full)) == 2 or None,  # one per index version
         within=60,
         what="a full baseline in Prometheus",
     )
     assert _prom_alerts(prom, "RagtraceRecallDrop") == []  # not even pending
     assert _am_alerts(am, "RagtraceRecallDrop") == []
 
-    # 2. Recall degrades: Prometheus fires, Alertmanager has the alert.
+    # 2. Recall of index v2 degrades: Prometheus fires, Alertmanager has the alert.
     traffic.recall_mean = 0.5
     (alert,) = await await_condition(
         lambda: _am_alerts(am, "RagtraceRecallDrop") or None,
@@ -134,19 +153,27 @@ async def _run_scenario(prom: str, am: str, traffic: Traffic) -> None:
     labels = alert["labels"]
     assert labels["service"] == "shop"
     assert labels["metric"] == "contextual_recall"
+    assert labels["app_index_version"] == "v2"
+    assert labels["service_version"] == "unset"
+    assert labels["deployment_environment"] == "production"
     assert labels["severity"] == "warning"
     assert labels["source"] == "ragtrace"
     assert alert["status"]["state"] == "active"
     desc = alert["annotations"]["description"]
-    assert "The mean contextual_recall of service shop over the last 10s is" in desc
+    assert (
+        "The mean contextual_recall of service shop, deployment_environment=production,"
+        " service_version=unset, app_index_version=v2 over the last 10s is"
+    ) in desc
     assert "below its mean over the 30s before" in desc
     drop = float(desc.split(" is ")[1].split(" ")[0])
     assert 0.1 <= drop <= 0.6
-    # the steady metric stayed quiet throughout
+    # index v1 (same service, same metric) and the steady metric stayed quiet throughout
+    recall_alerts = _prom_alerts(prom, "RagtraceRecallDrop")
+    assert [a["labels"]["app_index_version"] for a in recall_alerts] == ["v2"]
     assert _prom_alerts(prom, "RagtracePrecisionDrop") == []
     assert _am_alerts(am, "RagtracePrecisionDrop") == []
 
-    # 3. Recall recovers: Prometheus resolves, Alertmanager lets go of it.
+    # 3. Recall of v2 recovers: Prometheus resolves, Alertmanager lets go of it.
     traffic.recall_mean = 0.9
     await await_condition(
         lambda: True if not _am_alerts(am, "RagtraceRecallDrop") else None,

@@ -3,6 +3,7 @@ the real ``promtool`` and ``amtool``."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import replace
@@ -17,6 +18,7 @@ from ragtrace_collector.alerts.promrules import (
     render_rules,
     with_durations,
 )
+from ragtrace_collector.evaluation.segments import prometheus_label as segment_label
 from tests.fakes.services import AMTOOL, PROMTOOL
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(60)]
@@ -101,3 +103,45 @@ def test_the_shipped_alertmanager_config_is_valid() -> None:
     result = _tool("amtool", "check-config", ALERTMANAGER_YML)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_unit_tests_catch_rules_that_ignore_segments(tmp_path: Path) -> None:
+    """Rules rendered without segment labels blend index v1 and v2 of the fixture into
+    one service mean: the segment test fails (no alert names app_index_version=v2)."""
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "tests").mkdir()
+    blended = render_rules(SHIPPED_ALERTS, segments=())
+    assert "app_index_version" not in blended
+    (tmp_path / "rules" / RULES.name).write_text(blended, encoding="utf-8")
+    shutil.copy(RULE_TESTS, tmp_path / "tests" / RULE_TESTS.name)
+    result = _tool("promtool", "test", "rules", tmp_path / "tests" / RULE_TESTS.name)
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    # only the segment test fails: the three without segment labels pass with these rules
+    failed = re.findall(r"^\s*name: (.+?),?$", out, flags=re.MULTILINE)
+    assert failed == ["a drop confined to one index version, scored by three replicas"], out
+    assert 'app_index_version="v2"' in out
+
+
+def test_segment_labels_are_the_safe_forms_of_the_keys() -> None:
+    assert segment_label("service.version") == "service_version"
+    assert segment_label("app.index_version") == "app_index_version"
+    assert segment_label("k8s.pod-name") == "k8s_pod_name"
+    assert segment_label("9lives") == "_9lives"
+    text = render_rules(SHIPPED_ALERTS, segments=["tenant.tier"])
+    assert "sum by (service, metric, tenant_tier) (rate(ragtrace_eval_score_sum[15m]))" in text
+    assert "{{ with $labels.tenant_tier }}, tenant_tier={{ . }}{{ end }}" in text
+    assert "service_version" not in text
+
+
+def test_the_segments_option_renders_valid_rules(tmp_path: Path) -> None:
+    out = tmp_path / "segments.rules.yml"
+    assert _main(["--segments", "tenant.tier, service.version", "-o", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert "on (service, metric, tenant_tier, service_version)" in text
+    result = _tool("promtool", "check", "rules", out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    none = tmp_path / "none.rules.yml"
+    assert _main(["--segments", "", "-o", str(none)]) == 0
+    assert "sum by (service, metric) (" in none.read_text(encoding="utf-8")

@@ -241,6 +241,106 @@ def test_the_enriched_span_file_carries_the_scores(demo: DemoRun) -> None:
     assert sum(after) / len(after) == pytest.approx(figures["after"]["mean"])
 
 
+# ------------------------------------------------------------------ --rollout
+CANARY_RULE = "id_context_recall_canary"
+INDEX_KEY = "app.index_version"
+
+
+@pytest.fixture(scope="module")
+def rollout(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    output = tmp_path_factory.mktemp("demo-rollout") / "out"
+    proc = subprocess.run(
+        ["bash", str(DEMO), "--rollout", "--quick", "--json", "--output", str(output)],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    return DemoRun(proc.returncode, proc.stdout, proc.stderr, output)
+
+
+def test_the_rollout_demo_sends_part_of_the_traffic_to_the_new_index(rollout: DemoRun) -> None:
+    assert rollout.returncode == 0, rollout.stderr[-4000:]
+    summary = rollout.summary
+    assert summary["rollout"] is True
+    assert summary["collector_exit_code"] == 0
+    after = summary["phases"]["after"]
+    assert after["rollout_every"] == 3
+    assert 0 < after["candidate_golden_requests"] < after["golden_requests"]
+    config = (rollout.output / "collector.yaml").read_text()
+    assert "segments:\n- app.index_version\n" in config
+    assert "kind: canary" in config
+
+
+def test_the_canary_alert_names_the_new_index_and_the_old_one_holding(rollout: DemoRun) -> None:
+    alert = rollout.summary["alert"]
+    assert alert["rule"] == CANARY_RULE
+    assert alert["fired"] is True
+    assert alert["seconds_after_fault"] > 0
+    payload = alert["payload"]
+    assert payload["kind"] == "canary"
+    assert payload["segments"] == {INDEX_KEY: "v2"}
+    assert payload["against"] == f"{INDEX_KEY}=v1"
+    assert payload["baseline_kind"] == "segment"
+    assert payload["window_mean"] <= 0.3  # v2: the index is out of sync
+    assert payload["baseline"] >= 0.9  # v1 over the same window
+    assert payload["p_value"] <= 1 - payload["confidence"]
+    (sibling,) = payload["siblings"]
+    assert sibling["segments"] == {INDEX_KEY: "v1"}
+    assert sibling["window_mean"] >= 0.9
+    text = payload["summary"]
+    assert f"{INDEX_KEY}=v2 is " in text
+    assert f"against {INDEX_KEY}=v1 at " in text
+    # as received by the webhook, and the final panel shows it
+    received = [
+        json.loads(line) for line in (rollout.output / "alerts.jsonl").read_text().splitlines()
+    ]
+    assert payload in received
+    assert "canary alert" in rollout.stderr
+    assert " ".join(text.split()) in " ".join(rollout.stderr.replace("│", " ").split())
+
+
+def test_the_old_index_stays_quiet_and_holds(rollout: DemoRun) -> None:
+    """The drop rules are split by index version: v1 is compared with its own healthy
+    past and does not fire (a rule over the blended service would have)."""
+    summary = rollout.summary
+    drop_rules = [r for r in summary["alert_rules"] if r.get("kind", "drop") == "drop"]
+    assert drop_rules
+    assert all(r["group_by"] == [INDEX_KEY] for r in drop_rules)
+    received = [
+        json.loads(line) for line in (rollout.output / "alerts.jsonl").read_text().splitlines()
+    ]
+    fired = {a["rule"] for a in received if a["status"] == "firing"}
+    assert fired == set(summary["rules_fired"])
+    assert CANARY_RULE in fired
+    assert not any(rule.endswith("_drop") for rule in fired), fired
+    # Per index version after the fault, recomputed from the enriched spans.
+    score_key = semconv.eval_attr("id_context_recall", semconv.EVAL_FIELD_SCORE)
+    boundary = summary["phases"]["after"]["started_unix_nano"]
+    by_version: dict[str, list[float]] = {}
+    for span in _spans(Path(summary["spans_file"])):
+        if score_key in span["attrs"] and int(span["startTimeUnixNano"]) >= boundary:
+            by_version.setdefault(span["attrs"][INDEX_KEY], []).append(span["attrs"][score_key])
+    assert set(by_version) == {"v1", "v2"}
+    figures = summary["metrics"]["id_context_recall"]
+    for version, scores in by_version.items():
+        assert figures["after_by"][version]["count"] == len(scores)
+        assert figures["after_by"][version]["mean"] == pytest.approx(sum(scores) / len(scores))
+    assert figures["before"]["mean"] >= 0.9
+    assert figures["after_by"]["v1"]["mean"] >= figures["before"]["mean"] - 0.05
+    assert figures["after_by"]["v2"]["mean"] <= 0.3
+    table = rollout.stderr
+    assert "Retrieval quality before and during the rollout of index v2" in table
+    row = next(line for line in table.splitlines() if "│ id_context_recall " in line)
+    for cell in (
+        f"{figures['after_by']['v1']['mean']:.3f}",
+        f"{figures['after_by']['v2']['mean']:.3f}",
+    ):
+        assert cell in row, (cell, row)
+
+
 def test_no_process_is_left_behind(demo: DemoRun) -> None:
     pid = demo.summary["collector_pid"]
     assert isinstance(pid, int)

@@ -123,7 +123,7 @@ async def test_sampled_trace_gets_exact_id_scores_in_all_forms() -> None:
     telemetry = Telemetry()
     seen: list[tuple[str, str, float | None]] = []
     ev = _evaluator(telemetry=telemetry)
-    ev._listeners.append(lambda svc, m, r, tid: seen.append((svc, m, r.score)))
+    ev._listeners.append(lambda svc, m, r, tid, segs: seen.append((svc, m, r.score)))
     ev.start()
     fwd = _Forwarded()
     trace = _trace(

@@ -48,11 +48,13 @@ from ragtrace_collector.units import Duration, format_duration, parse_duration
 __all__ = [
     "AlertmanagerConfig",
     "AlertsConfig",
+    "CanaryRule",
     "Drop",
     "DropRule",
     "Duration",
     "FixedBaseline",
     "LogNotifierConfig",
+    "Rule",
     "TrailingBaseline",
     "WebhookConfig",
     "check_one_auth_source",
@@ -165,13 +167,13 @@ def _baseline_input(value: Any) -> Any:
     return value
 
 
-class DropRule(BaseModel):
-    """One drop rule.  The detector evaluates it separately for every service it sees
-    (or only for ``service``), so a drop in one service is never averaged away."""
+class _Rule(BaseModel):
+    """What every rule kind shares: the metric, the window, the drop and the test."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    #: Unique rule name (default: ``<metric>_drop`` or ``<metric>_drop_<service>``).
+    #: Unique rule name (default: ``<metric>_drop`` or ``<metric>_drop_<service>``;
+    #: ``<metric>_canary...`` for a canary rule).
     name: str = Field(min_length=1)
     metric: str = Field(min_length=1, description="The metric watched (a name of docs/metrics.md).")
     service: str | None = Field(
@@ -179,15 +181,6 @@ class DropRule(BaseModel):
     )
     window: Duration = Field(
         default=900.0, gt=0, description="The current window whose mean is tested."
-    )
-    baseline: Annotated[
-        FixedBaseline | TrailingBaseline,
-        Field(discriminator="kind"),
-        BeforeValidator(_baseline_input),
-    ] = Field(
-        default_factory=lambda: TrailingBaseline(window=86400.0),
-        description="What the window is compared with: a number (a fixed expected score) "
-        "or a duration (a trailing window before the current one), or a mapping.",
     )
     drop: Annotated[Drop, BeforeValidator(_drop_input)] = Field(
         default_factory=lambda: Drop(kind="absolute", value=0.1),
@@ -222,6 +215,56 @@ class DropRule(BaseModel):
             return pct if pct is not None else float(value)
         return value
 
+    @model_validator(mode="after")
+    def _check_hysteresis(self) -> _Rule:
+        if self.hysteresis is not None:
+            if not math.isfinite(self.hysteresis) or self.hysteresis < 0:
+                raise ValueError(f"rule {self.name!r}: hysteresis must be >= 0")
+            if self.hysteresis > self.drop.value:
+                raise ValueError(
+                    f"rule {self.name!r}: hysteresis ({self.hysteresis}) cannot exceed the drop"
+                    f" ({self.drop.value}); it is in the same units"
+                )
+        return self
+
+    @property
+    def hysteresis_value(self) -> float:
+        """Hysteresis in the units of ``drop`` (default: half the drop)."""
+        return self.drop.value / 2 if self.hysteresis is None else self.hysteresis
+
+    @property
+    def severity(self) -> str:
+        return self.labels.get("severity", "warning")
+
+    @property
+    def segment_keys(self) -> tuple[str, ...]:
+        """The ``segments:`` keys this rule needs (checked against the config)."""
+        return ()
+
+
+class DropRule(_Rule):
+    """One drop rule: a window against its own past (or a fixed value).  The detector
+    evaluates it separately for every service it sees (or only for ``service``), and
+    within a service for every combination of the ``group_by`` segment values, so a
+    drop in one service or one segment is never averaged away."""
+
+    kind: Literal["drop"] = Field("drop", description="`drop` (the default) or `canary`.")
+    baseline: Annotated[
+        FixedBaseline | TrailingBaseline,
+        Field(discriminator="kind"),
+        BeforeValidator(_baseline_input),
+    ] = Field(
+        default_factory=lambda: TrailingBaseline(window=86400.0),
+        description="What the window is compared with: a number (a fixed expected score) "
+        "or a duration (a trailing window before the current one), or a mapping.",
+    )
+    group_by: tuple[str, ...] = Field(
+        default=(),
+        description="Segment keys (of `segments:`) that split the rule's series within each "
+        "service, e.g. `[app.index_version]`; the alert names the segment that dropped and "
+        "its siblings' means.",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _default_name(cls, data: Any) -> Any:
@@ -233,25 +276,14 @@ class DropRule(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> DropRule:
-        if self.hysteresis is not None:
-            if not math.isfinite(self.hysteresis) or self.hysteresis < 0:
-                raise ValueError(f"rule {self.name!r}: hysteresis must be >= 0")
-            if self.hysteresis > self.drop.value:
-                raise ValueError(
-                    f"rule {self.name!r}: hysteresis ({self.hysteresis}) cannot exceed the drop"
-                    f" ({self.drop.value}); it is in the same units"
-                )
         if isinstance(self.baseline, TrailingBaseline) and self.baseline.window < self.window:
             raise ValueError(
                 f"rule {self.name!r}: the trailing baseline ({self.baseline.window:g}s) must be"
                 f" at least as long as the window ({self.window:g}s)"
             )
+        if len(set(self.group_by)) != len(self.group_by):
+            raise ValueError(f"rule {self.name!r}: a group_by key is listed twice")
         return self
-
-    @property
-    def hysteresis_value(self) -> float:
-        """Hysteresis in the units of ``drop`` (default: half the drop)."""
-        return self.drop.value / 2 if self.hysteresis is None else self.hysteresis
 
     @property
     def baseline_min_samples(self) -> int:
@@ -260,8 +292,65 @@ class DropRule(BaseModel):
         return self.min_samples
 
     @property
-    def severity(self) -> str:
-        return self.labels.get("severity", "warning")
+    def segment_keys(self) -> tuple[str, ...]:
+        return self.group_by
+
+
+class CanaryRule(_Rule):
+    """Two segments in the same window: the ``candidate`` value of ``segment`` against
+    ``against`` (or every other value).  Fires when the candidate's mean is below the
+    other side's by ``drop`` (relative: a fraction of the other side's mean), by Welch's
+    one-sided test at ``confidence``; ``min_samples`` applies to each side."""
+
+    kind: Literal["canary"] = Field(description="`canary`: compare two segments.")
+    segment: str = Field(min_length=1, description="The segment key (of `segments:`) compared.")
+    candidate: str | None = Field(
+        None,
+        description="The value under test (e.g. `canary`, or the new `service.version`); "
+        "unset: every value is tested against all the others.",
+    )
+    against: str | None = Field(
+        None,
+        description="The value it is compared with (e.g. `production`); unset: every other "
+        "value of the segment together.",
+    )
+    for_: Duration = Field(
+        default=0.0,
+        alias="for",
+        ge=0,
+        description="How long the drop must hold before the alert fires.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and not data.get("name") and data.get("metric"):
+            parts = [str(data["metric"]), "canary"]
+            parts += [str(data[k]) for k in ("service", "candidate") if data.get(k)]
+            return {**data, "name": "_".join(parts)}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> CanaryRule:
+        if self.against is not None and self.candidate is None:
+            raise ValueError(f"rule {self.name!r}: `against` needs a `candidate`")
+        if self.against is not None and self.against == self.candidate:
+            raise ValueError(f"rule {self.name!r}: `candidate` and `against` are the same")
+        return self
+
+    @property
+    def segment_keys(self) -> tuple[str, ...]:
+        return (self.segment,)
+
+
+def _rule_input(value: Any) -> Any:
+    if isinstance(value, Mapping) and "kind" not in value:
+        return {**value, "kind": "drop"}
+    return value
+
+
+#: A rule of either kind (``kind:`` absent means ``drop``).
+Rule = Annotated[DropRule | CanaryRule, Field(discriminator="kind"), BeforeValidator(_rule_input)]
 
 
 class _Retrying(BaseModel):
@@ -341,13 +430,18 @@ class AlertsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(True, description="false: no rule is evaluated.")
-    rules: list[DropRule] = Field(
-        default_factory=list, description="Drop rules; none: the detector is off."
+    rules: list[Rule] = Field(
+        default_factory=list,
+        description="Drop rules (`kind: drop`, the default) and canary rules (`kind: canary`); "
+        "none: the detector is off.",
     )
     #: How often the detector evaluates its rules (the ``run`` loop's period).
     evaluation_interval: Duration = Field(default=30.0, gt=0)
     #: Services tracked per rule; results of further services are ignored (and logged
-    #: once), which bounds memory whatever the ``service`` label's cardinality.
+    #: once), which bounds memory whatever the ``service`` label's cardinality.  With
+    #: segments, a rule keeps at most ``max_services_per_rule`` x the product over its
+    #: ``group_by`` keys (a canary rule: its ``segment``) of ``max_values + 2`` series
+    #: (the kept values, ``other`` and ``unset``): bounded whatever the attribute values.
     max_services_per_rule: int = Field(default=200, ge=1)
     #: Example trace ids (the lowest-scoring in the window) sent with an alert.
     example_trace_ids: int = Field(default=5, ge=0, le=50)

@@ -13,8 +13,20 @@ For each ``(rule, service)`` the detector keeps time buckets of ``(n, mean, M2)`
   bucket is folded into its coarse bucket only once it has left the current window,
   so the baseline never contains the window it is compared with.
 
-Memory is therefore bounded by ``rules x services x (20 + 97)`` small buckets, whatever
-the traffic; ``max_services_per_rule`` bounds the services.  The window edge is
+Memory is therefore bounded by ``rules x series x (20 + 97)`` small buckets, whatever
+the traffic; ``max_services_per_rule`` bounds the services.
+
+**Segments.**  A rule's ``group_by`` (keys of the ``segments:`` config) splits each
+service's series by those segment values, passed to :meth:`DropDetector.observe` by the
+evaluator (already bounded: each key has at most ``max_values + 2`` values, with
+``other`` and ``unset``), so a rule holds at most ``max_services_per_rule x
+prod(max_values + 2)`` series; past that bound, new series are ignored and logged once.
+An alert names its segment and carries its siblings' figures (the same rule and
+service, other values, measured at the same evaluation).  A ``kind: canary`` rule keeps
+one window-only series per value of its ``segment`` and tests, in each service, the
+candidate value's window against the other side's (one value, or all the others
+together) with Welch's one-sided test; the firing state lives in the candidate's
+series, with the same ``for`` and hysteresis as a drop rule.  The window edge is
 quantised to one fine bucket (5% of the window), the far edge of the baseline to one
 coarse bucket (about 1% of it).
 
@@ -76,10 +88,17 @@ from typing import Literal
 
 import structlog
 
-from ragtrace_collector.alerts.config import AlertsConfig, DropRule, TrailingBaseline
-from ragtrace_collector.alerts.events import AlertEvent
+from ragtrace_collector.alerts.config import (
+    AlertsConfig,
+    CanaryRule,
+    DropRule,
+    Rule,
+    TrailingBaseline,
+)
+from ragtrace_collector.alerts.events import AlertEvent, SegmentMean
 from ragtrace_collector.alerts.notifiers import Notifier, build_notifiers
 from ragtrace_collector.alerts.stats import Summary, TestResult, one_sample_less, welch_less
+from ragtrace_collector.evaluation.segments import UNSET, SegmentKey
 from ragtrace_collector.service.component import Component, Status
 from ragtrace_collector.service.telemetry import Telemetry
 
@@ -92,6 +111,11 @@ _COARSE_PER_BASELINE = 96
 _EPS = 1e-12
 #: Transitions kept per notifier while its target is down (the oldest go first).
 _MAX_UNSENT = 100
+#: Siblings listed in an alert (the most scored first).
+_MAX_SIBLINGS = 10
+
+#: A series of a rule: (service, the values of the rule's segment keys).
+SeriesKey = tuple[str, tuple[str, ...]]
 
 Phase = Literal["inactive", "pending", "firing"]
 
@@ -122,10 +146,11 @@ class _Series:
 
 @dataclass(frozen=True, slots=True)
 class RuleStatus:
-    """The detector's view of one (rule, service) at its last evaluation."""
+    """The detector's view of one (rule, service, segments) at its last evaluation."""
 
     rule: str
     service: str
+    segments: dict[str, str]
     phase: Phase
     window_count: int
     window_mean: float | None
@@ -148,38 +173,77 @@ class _Comparison:
 
 
 @dataclass(frozen=True, slots=True)
+class _Window:
+    summary: Summary
+    #: The window's buckets: their examples are read only for a notification.
+    buckets: list[_Bucket]
+
+
+@dataclass(frozen=True, slots=True)
 class _Measurement:
     window: Summary
     baseline_value: float | None
     baseline_count: int | None
     comparison: _Comparison | None
-    examples: tuple[str, ...]
+    buckets: list[_Bucket]
 
 
 class _RuleRuntime:
-    __slots__ = ("coarse_width", "fine_width", "rule", "series", "warned_cap")
+    __slots__ = (
+        "coarse_width",
+        "fine_width",
+        "keys",
+        "max_series",
+        "positions",
+        "rule",
+        "series",
+        "services",
+        "warned_cap",
+    )
 
-    def __init__(self, rule: DropRule) -> None:
+    def __init__(self, rule: Rule, segments: Sequence[SegmentKey], max_services: int) -> None:
         self.rule = rule
         self.fine_width = rule.window / _FINE_PER_WINDOW
-        if isinstance(rule.baseline, TrailingBaseline):
-            self.coarse_width = max(rule.baseline.window / _COARSE_PER_BASELINE, self.fine_width)
+        trailing = rule.baseline if isinstance(rule, DropRule) else None
+        if isinstance(trailing, TrailingBaseline):
+            self.coarse_width = max(trailing.window / _COARSE_PER_BASELINE, self.fine_width)
         else:
             self.coarse_width = 0.0
-        self.series: dict[str, _Series] = {}
+        index = {k.key: i for i, k in enumerate(segments)}
+        #: The rule's segment keys, and their positions in an observed values tuple.
+        self.keys: tuple[str, ...] = rule.segment_keys
+        self.positions = tuple(index.get(key, -1) for key in self.keys)
+        limits = {k.key: k.max_values for k in segments}
+        #: Series bound: each key has its kept values plus ``other`` and ``unset``.
+        self.max_series = max_services * math.prod(limits.get(k, 1) + 2 for k in self.keys)
+        self.series: dict[SeriesKey, _Series] = {}
+        #: Series per service (the services bound is max_services_per_rule).
+        self.services: dict[str, int] = {}
         self.warned_cap = False
 
     @property
     def trailing(self) -> TrailingBaseline | None:
-        b = self.rule.baseline
-        return b if isinstance(b, TrailingBaseline) else None
+        rule = self.rule
+        if isinstance(rule, DropRule) and isinstance(rule.baseline, TrailingBaseline):
+            return rule.baseline
+        return None
+
+    def key_of(self, service: str, segments: tuple[str, ...]) -> SeriesKey:
+        if not self.positions:
+            return (service, ())
+        n = len(segments)
+        return (service, tuple(segments[i] if 0 <= i < n else UNSET for i in self.positions))
+
+    def named(self, values: tuple[str, ...]) -> dict[str, str]:
+        return dict(zip(self.keys, values, strict=True))
 
 
 class DropDetector:
     """Statistically tested score-drop alerts, per rule and service.
 
     ``telemetry`` (optional) gets ``ragtrace_alert_firing{rule,metric}`` (the number
-    of services the rule is firing for) and ``ragtrace_alert_notifications``.
+    of series, services or service and segment values, the rule is firing for) and
+    ``ragtrace_alert_notifications``.
     ``clock`` returns Unix seconds; tests inject a fake one.
     """
 
@@ -189,6 +253,7 @@ class DropDetector:
         notifiers: Sequence[Notifier] = (),
         telemetry: Telemetry | None = None,
         clock: Callable[[], float] = time.time,
+        segments: Sequence[SegmentKey] = (),
     ) -> None:
         self._config = config
         self._notifiers = list(notifiers)
@@ -199,7 +264,11 @@ class DropDetector:
         self._closed = False
         #: notifier name -> transitions it failed to deliver, sent again in order.
         self._unsent: dict[str, deque[AlertEvent]] = {}
-        self._rules = [_RuleRuntime(rule) for rule in (config.rules if config.enabled else [])]
+        self._segment_keys = tuple(k.key for k in segments)
+        self._rules = [
+            _RuleRuntime(rule, segments, config.max_services_per_rule)
+            for rule in (config.rules if config.enabled else [])
+        ]
         self._by_metric: dict[str, list[_RuleRuntime]] = {}
         for runtime in self._rules:
             self._by_metric.setdefault(runtime.rule.metric, []).append(runtime)
@@ -215,9 +284,11 @@ class DropDetector:
         config: AlertsConfig,
         telemetry: Telemetry | None = None,
         clock: Callable[[], float] = time.time,
+        segments: Sequence[SegmentKey] = (),
     ) -> DropDetector:
-        """A detector with the notifiers the config enables."""
-        return cls(config, build_notifiers(config), telemetry, clock)
+        """A detector with the notifiers the config enables.  ``segments``: the
+        ``segments:`` keys, in the order :meth:`observe` gets their values."""
+        return cls(config, build_notifiers(config), telemetry, clock, segments)
 
     @property
     def config(self) -> AlertsConfig:
@@ -235,9 +306,13 @@ class DropDetector:
         score: float | None,
         trace_id: str | None = None,
         at: float | None = None,
+        *,
+        segments: tuple[str, ...] = (),
     ) -> None:
         """Record one metric result.  ``score=None`` (skipped or errored) is ignored,
-        as are non-finite scores.  ``at`` defaults to now and is clamped to now."""
+        as are non-finite scores.  ``at`` defaults to now and is clamped to now.
+        ``segments``: the case's segment values, in the order of the ``segments`` keys
+        the detector was built with (missing ones count as ``unset``)."""
         if score is None:
             return
         runtimes = self._by_metric.get(metric)
@@ -248,26 +323,50 @@ class DropDetector:
             return
         now = self._clock()
         t = now if at is None or at > now else at
+        plain: SeriesKey = (service, ())
         with self._lock:
             self._seq += 1
             for runtime in runtimes:
                 rule = runtime.rule
                 if rule.service is not None and rule.service != service:
                     continue
-                series = runtime.series.get(service)
+                key = runtime.key_of(service, segments) if runtime.positions else plain
+                series = runtime.series.get(key)
                 if series is None:
-                    if len(runtime.series) >= self._config.max_services_per_rule:
-                        if not runtime.warned_cap:
-                            runtime.warned_cap = True
-                            _log.warning(
-                                "alert_series_cap",
-                                rule=rule.name,
-                                max_services=self._config.max_services_per_rule,
-                                ignored_service=service,
-                            )
+                    series = self._new_series(runtime, key)
+                    if series is None:
                         continue
-                    series = runtime.series[service] = _Series()
                 self._add(runtime, series, value, trace_id, t, now)
+
+    def _new_series(self, runtime: _RuleRuntime, key: SeriesKey) -> _Series | None:
+        """A new series, unless the rule is at its services or series bound."""
+        service = key[0]
+        known = service in runtime.services
+        if (not known and len(runtime.services) >= self._config.max_services_per_rule) or len(
+            runtime.series
+        ) >= runtime.max_series:
+            if not runtime.warned_cap:
+                runtime.warned_cap = True
+                _log.warning(
+                    "alert_series_cap",
+                    rule=runtime.rule.name,
+                    max_services=self._config.max_services_per_rule,
+                    max_series=runtime.max_series,
+                    ignored_service=service,
+                    ignored_segments=runtime.named(key[1]),
+                )
+            return None
+        runtime.services[service] = runtime.services.get(service, 0) + 1
+        series = runtime.series[key] = _Series()
+        return series
+
+    def _free_series(self, runtime: _RuleRuntime, key: SeriesKey) -> None:
+        del runtime.series[key]
+        left = runtime.services[key[0]] - 1
+        if left:
+            runtime.services[key[0]] = left
+        else:
+            del runtime.services[key[0]]
 
     def _add(
         self,
@@ -319,17 +418,49 @@ class DropDetector:
                 del series.coarse[cidx]
 
     # ------------------------------------------------------------- evaluation
-    def _measure(self, runtime: _RuleRuntime, series: _Series, now: float) -> _Measurement:
-        rule = runtime.rule
+    def _window(self, runtime: _RuleRuntime, series: _Series, now: float) -> _Window:
+        """The current window's summary and buckets."""
         self._compact(runtime, series, now)
         cur = math.floor(now / runtime.fine_width)
         in_window = [b for i, b in series.fine.items() if i <= cur]
-        window = Summary.merged(b.summary for b in in_window)
+        return _Window(Summary.merged(b.summary for b in in_window), in_window)
+
+    def _examples(self, buckets: list[_Bucket]) -> tuple[str, ...]:
+        """The lowest-scoring trace ids of a window's buckets."""
         worst = heapq.nsmallest(
             self._config.example_trace_ids,
-            ((-neg, seq, tid) for b in in_window for neg, seq, tid in b.examples),
+            ((-neg, seq, tid) for b in buckets for neg, seq, tid in b.examples),
         )
-        examples = tuple(dict.fromkeys(tid for _, _, tid in worst))
+        return tuple(dict.fromkeys(tid for _, _, tid in worst))
+
+    @staticmethod
+    def _compare(rule: Rule, window: Summary, baseline: float, base: Summary | None) -> _Comparison:
+        """The one-sided test of ``window`` against a fixed ``baseline`` (``base`` None)
+        or against the scores ``base`` (Welch)."""
+        threshold = rule.drop.amount(baseline)
+        margin = threshold if rule.test_margin else 0.0
+        test = (
+            one_sample_less(window, baseline, margin)
+            if base is None
+            else welch_less(window, base, margin)
+        )
+        hysteresis = rule.hysteresis_value
+        if rule.drop.kind == "relative":
+            hysteresis *= abs(baseline)
+        return _Comparison(
+            baseline=baseline,
+            test=test,
+            drop=baseline - window.mean,
+            threshold=threshold,
+            hysteresis=hysteresis,
+        )
+
+    def _measure(self, runtime: _RuleRuntime, series: _Series, now: float) -> _Measurement:
+        """A drop rule's series: its window against its own baseline."""
+        rule = runtime.rule
+        assert isinstance(rule, DropRule)
+        w = self._window(runtime, series, now)
+        window = w.summary
         base: Summary | None = None
         if isinstance(rule.baseline, TrailingBaseline):
             base = Summary.merged(series.coarse.values())
@@ -341,89 +472,151 @@ class DropDetector:
             baseline_count = None
             baseline_ok = True
         if window.n < rule.min_samples or not baseline_ok or baseline_value is None:
-            return _Measurement(window, baseline_value, baseline_count, None, examples)
-        threshold = rule.drop.amount(baseline_value)
-        margin = threshold if rule.test_margin else 0.0
-        test = (
-            one_sample_less(window, baseline_value, margin)
-            if base is None
-            else welch_less(window, base, margin)
-        )
-        hysteresis = rule.hysteresis_value
-        if rule.drop.kind == "relative":
-            hysteresis *= abs(baseline_value)
-        comparison = _Comparison(
-            baseline=baseline_value,
-            test=test,
-            drop=baseline_value - window.mean,
-            threshold=threshold,
-            hysteresis=hysteresis,
-        )
-        return _Measurement(window, baseline_value, baseline_count, comparison, examples)
+            return _Measurement(window, baseline_value, baseline_count, None, w.buckets)
+        comparison = self._compare(rule, window, baseline_value, base)
+        return _Measurement(window, baseline_value, baseline_count, comparison, w.buckets)
+
+    def _measure_all(self, runtime: _RuleRuntime, now: float) -> dict[SeriesKey, _Measurement]:
+        """Every series of a rule, measured at ``now``."""
+        rule = runtime.rule
+        if not isinstance(rule, CanaryRule):
+            return {key: self._measure(runtime, s, now) for key, s in runtime.series.items()}
+        windows = {key: self._window(runtime, s, now) for key, s in runtime.series.items()}
+        by_service: dict[str, list[SeriesKey]] = {}
+        for key in windows:
+            by_service.setdefault(key[0], []).append(key)
+        out: dict[SeriesKey, _Measurement] = {}
+        for keys in by_service.values():
+            for key in keys:
+                w = windows[key]
+                value = key[1][0]
+                other: Summary | None = None
+                if rule.candidate is None or value == rule.candidate:
+                    other = Summary.merged(
+                        windows[k].summary
+                        for k in keys
+                        if k != key and (rule.against is None or k[1][0] == rule.against)
+                    )
+                if other is None or not other.n:
+                    out[key] = _Measurement(w.summary, None, None, None, w.buckets)
+                    continue
+                enough = w.summary.n >= rule.min_samples and other.n >= rule.min_samples
+                comparison = self._compare(rule, w.summary, other.mean, other) if enough else None
+                out[key] = _Measurement(w.summary, other.mean, other.n, comparison, w.buckets)
+        return out
+
+    def _siblings(
+        self,
+        runtime: _RuleRuntime,
+        key: SeriesKey,
+        measured: dict[SeriesKey, _Measurement],
+    ) -> tuple[SegmentMean, ...]:
+        """The other series of the same rule and service, the most scored first."""
+        if not runtime.keys:
+            return ()
+        found: list[SegmentMean] = []
+        canary = isinstance(runtime.rule, CanaryRule)
+        for other, m in measured.items():
+            if other == key or other[0] != key[0] or not m.window.n:
+                continue
+            c = m.comparison
+            found.append(
+                SegmentMean(
+                    segments=runtime.named(other[1]),
+                    window_mean=m.window.mean,
+                    sample_count=m.window.n,
+                    baseline=None if canary else m.baseline_value,
+                    dropped=not canary and c is not None and c.drop >= c.threshold - _EPS,
+                )
+            )
+        found.sort(key=lambda s: (-s.sample_count, tuple(s.segments.values())))
+        return tuple(found[:_MAX_SIBLINGS])
 
     def _event(
         self,
         runtime: _RuleRuntime,
-        service: str,
+        key: SeriesKey,
         m: _Measurement,
         c: _Comparison,
         status: Literal["firing", "resolved"],
         started_at: float,
         now: float,
+        measured: dict[SeriesKey, _Measurement],
         *,
         repeat: bool = False,
     ) -> AlertEvent:
         rule = runtime.rule
         trailing = runtime.trailing
+        against: str | None = None
+        baseline_kind: Literal["fixed", "trailing", "segment"]
+        if isinstance(rule, CanaryRule):
+            baseline_kind = "segment"
+            if rule.against is not None:
+                against = f"{rule.segment}={rule.against}"
+            else:
+                against = f"{rule.segment}!={key[1][0]}"
+        else:
+            baseline_kind = "trailing" if trailing is not None else "fixed"
         return AlertEvent(
             status=status,
             rule=rule.name,
             metric=rule.metric,
-            service=service,
+            service=key[0],
             window_seconds=rule.window,
             window_mean=m.window.mean,
             sample_count=m.window.n,
             baseline=c.baseline,
-            baseline_kind="trailing" if trailing is not None else "fixed",
+            baseline_kind=baseline_kind,
             baseline_window_seconds=trailing.window if trailing is not None else None,
             baseline_sample_count=m.baseline_count,
             drop=c.drop,
             drop_threshold=c.threshold,
             p_value=c.test.p_value,
             confidence=rule.confidence,
-            example_trace_ids=m.examples,
+            example_trace_ids=self._examples(m.buckets),
             started_at=started_at,
             evaluated_at=now,
             ended_at=now if status == "resolved" else None,
             labels={"severity": rule.severity, **rule.labels},
             repeat=repeat,
+            kind=rule.kind,
+            segments=runtime.named(key[1]),
+            siblings=self._siblings(runtime, key, measured),
+            against=against,
         )
 
     def _step(
-        self, runtime: _RuleRuntime, service: str, series: _Series, now: float
-    ) -> tuple[AlertEvent | None, _Measurement]:
+        self,
+        runtime: _RuleRuntime,
+        key: SeriesKey,
+        series: _Series,
+        now: float,
+        measured: dict[SeriesKey, _Measurement],
+    ) -> AlertEvent | None:
         """Advance one series' state machine; return its transition, if any."""
         rule = runtime.rule
-        m = self._measure(runtime, series, now)
+        m = measured[key]
         c = m.comparison
         if c is None:  # too few samples: pending resets, firing holds
             if series.phase == "pending":
                 series.phase, series.pending_since = "inactive", None
-            return None, m
+            return None
         firing = series.firing_event
         if series.phase == "firing" and firing is not None:
             if c.drop < c.threshold - c.hysteresis - _EPS:
-                event = self._event(runtime, service, m, c, "resolved", firing.started_at, now)
+                event = self._event(
+                    runtime, key, m, c, "resolved", firing.started_at, now, measured
+                )
                 series.phase, series.pending_since, series.firing_event = "inactive", None, None
-                return event, m
+                return event
             series.firing_event = self._event(
-                runtime, service, m, c, "firing", firing.started_at, now, repeat=True
+                runtime, key, m, c, "firing", firing.started_at, now, measured, repeat=True
             )
-            return None, m
+            return None
         dropped = c.drop >= c.threshold - _EPS and c.test.p_value <= 1.0 - rule.confidence
         if not dropped:
             series.phase, series.pending_since = "inactive", None
-            return None, m
+            return None
         since = series.pending_since if series.phase == "pending" else None
         if since is None:
             since = now
@@ -431,12 +624,12 @@ class DropDetector:
         if now - since >= rule.for_ - _EPS:
             series.phase = "firing"
             series.last_sent = {}
-            series.firing_event = self._event(runtime, service, m, c, "firing", since, now)
-            return series.firing_event, m
-        return None, m
+            series.firing_event = self._event(runtime, key, m, c, "firing", since, now, measured)
+            return series.firing_event
+        return None
 
     async def evaluate(self, now: float | None = None) -> list[AlertEvent]:
-        """Test every rule for every service; send notifications; return the
+        """Test every rule for every series; send notifications; return the
         transitions (firing and resolved events) of this evaluation."""
         when = self._clock() if now is None else now
         transitions: list[AlertEvent] = []
@@ -444,8 +637,9 @@ class DropDetector:
         with self._lock:
             for runtime in self._rules:
                 firing_count = 0
-                for service, series in list(runtime.series.items()):
-                    event, _ = self._step(runtime, service, series, when)
+                measured = self._measure_all(runtime, when)
+                for key, series in list(runtime.series.items()):
+                    event = self._step(runtime, key, series, when, measured)
                     if event is not None:
                         transitions.append(event)
                         for notifier in self._notifiers:
@@ -463,7 +657,7 @@ class DropDetector:
                                 ):
                                     sends.append((notifier, series.firing_event, series))
                     elif series.phase == "inactive" and not series.fine and not series.coarse:
-                        del runtime.series[service]  # idle: free it
+                        self._free_series(runtime, key)  # idle: free it
                 if self._telemetry is not None:
                     self._telemetry.alert_firing.labels(
                         rule=runtime.rule.name, metric=runtime.rule.metric
@@ -566,12 +760,14 @@ class DropDetector:
         out: list[RuleStatus] = []
         with self._lock:
             for runtime in self._rules:
-                for service, series in runtime.series.items():
-                    m = self._measure(runtime, series, when)
+                measured = self._measure_all(runtime, when)
+                for key, series in runtime.series.items():
+                    m = measured[key]
                     out.append(
                         RuleStatus(
                             rule=runtime.rule.name,
-                            service=service,
+                            service=key[0],
+                            segments=runtime.named(key[1]),
                             phase=series.phase,
                             window_count=m.window.n,
                             window_mean=m.window.mean if m.window.n else None,

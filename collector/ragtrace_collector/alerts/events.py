@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-__all__ = ["AlertEvent", "iso8601"]
+__all__ = ["AlertEvent", "SegmentMean", "iso8601", "segment_text"]
 
 
 def iso8601(epoch: float) -> str:
@@ -19,6 +19,39 @@ def iso8601(epoch: float) -> str:
     )
 
 
+def segment_text(segments: Mapping[str, str]) -> str:
+    """``app.index_version=v2`` (several: comma-separated, in the rule's key order)."""
+    return ", ".join(f"{key}={value}" for key, value in segments.items())
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentMean:
+    """A sibling segment's figures at the same evaluation: same rule and service, other
+    segment values.  ``baseline`` is None without one (a canary rule, or too few
+    samples); ``dropped`` says whether it is itself below its baseline by the drop."""
+
+    segments: Mapping[str, str]
+    window_mean: float
+    sample_count: int
+    baseline: float | None = None
+    dropped: bool = False
+
+    def describe(self) -> str:
+        where = segment_text(self.segments)
+        if self.dropped and self.baseline is not None:
+            return f"{where} is at {self.window_mean:.2f} against its {self.baseline:.2f} baseline"
+        return f"{where} holds at {self.window_mean:.2f}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "segments": dict(self.segments),
+            "window_mean": self.window_mean,
+            "sample_count": self.sample_count,
+            "baseline": self.baseline,
+            "dropped": self.dropped,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class AlertEvent:
     """One notification: a rule started firing for a service, is still firing (a
@@ -27,6 +60,12 @@ class AlertEvent:
     Scores are in score points.  ``drop`` is the observed ``baseline - window_mean``;
     ``drop_threshold`` is the rule's drop in score points (a relative drop already
     multiplied by the baseline).  Times are Unix epoch seconds.
+
+    ``segments`` are the segment values of the series that dropped (a rule's
+    ``group_by``; a canary rule's candidate), ``siblings`` the other series of the same
+    rule and service at the same evaluation.  For a canary rule (``kind="canary"``,
+    ``baseline_kind="segment"``) the baseline is the ``against`` side's window mean
+    and ``baseline_sample_count`` its count.
     """
 
     status: Literal["firing", "resolved"]
@@ -37,7 +76,7 @@ class AlertEvent:
     window_mean: float
     sample_count: int
     baseline: float
-    baseline_kind: Literal["fixed", "trailing"]
+    baseline_kind: Literal["fixed", "trailing", "segment"]
     baseline_window_seconds: float | None
     baseline_sample_count: int | None
     drop: float
@@ -50,14 +89,28 @@ class AlertEvent:
     ended_at: float | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     repeat: bool = False
+    kind: Literal["drop", "canary"] = "drop"
+    segments: Mapping[str, str] = field(default_factory=dict)
+    siblings: tuple[SegmentMean, ...] = ()
+    #: Canary rules: the side compared with (``deployment.environment=production``, or
+    #: ``service.version!=2.4.0`` for every other value).
+    against: str | None = None
 
     @property
-    def key(self) -> tuple[str, str]:
-        """Identity of the alert: (rule, service)."""
-        return (self.rule, self.service)
+    def key(self) -> tuple[str, str, str]:
+        """Identity of the alert: (rule, service, segments)."""
+        return (self.rule, self.service, segment_text(self.segments))
+
+    def siblings_text(self) -> str:
+        """``app.index_version=v1 holds at 0.82; ...`` ("" without siblings)."""
+        return "; ".join(s.describe() for s in self.siblings)
 
     def describe(self) -> str:
         """One human sentence, for logs and annotations."""
+        if self.kind == "canary":
+            return self._describe_canary()
+        if self.segments:
+            return self._describe_segment()
         if self.baseline_kind == "trailing" and self.baseline_window_seconds is not None:
             against = f"its trailing {self.baseline_window_seconds:g}s baseline"
         else:
@@ -68,6 +121,31 @@ class AlertEvent:
             f" last {self.window_seconds:g}s ({self.sample_count} scored results), {self.drop:.3f}"
             f" below {against} {self.baseline:.3f} (rule {self.rule}: drop >= "
             f"{self.drop_threshold:.3f}, p={self.p_value:.2g})"
+        )
+
+    def _describe_segment(self) -> str:
+        verb = "is" if self.status == "firing" else "was"
+        head = (
+            f"{self.metric} for service {self.service}, {segment_text(self.segments)} {verb}"
+            f" {self.window_mean:.2f} against its {self.baseline:.2f} baseline"
+        )
+        siblings = self.siblings_text()
+        return (
+            head
+            + (f"; {siblings}" if siblings else "")
+            + f" (rule {self.rule}: {self.sample_count} scored results over the last"
+            f" {self.window_seconds:g}s, drop {self.drop:.3f} >= {self.drop_threshold:.3f},"
+            f" p={self.p_value:.2g})"
+        )
+
+    def _describe_canary(self) -> str:
+        verb = "is" if self.status == "firing" else "was"
+        return (
+            f"{self.metric} for service {self.service}: {segment_text(self.segments)} {verb}"
+            f" {self.window_mean:.2f} ({self.sample_count} scored results) against"
+            f" {self.against} at {self.baseline:.2f} ({self.baseline_sample_count} scored"
+            f" results) over the last {self.window_seconds:g}s, {self.drop:.3f} lower (rule"
+            f" {self.rule}: drop >= {self.drop_threshold:.3f}, p={self.p_value:.2g})"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,5 +172,9 @@ class AlertEvent:
             "started_at": iso8601(self.started_at),
             "ended_at": iso8601(self.ended_at) if self.ended_at is not None else None,
             "evaluated_at": iso8601(self.evaluated_at),
+            "kind": self.kind,
+            "segments": dict(self.segments),
+            "siblings": [s.to_dict() for s in self.siblings],
+            "against": self.against,
             "summary": self.describe(),
         }

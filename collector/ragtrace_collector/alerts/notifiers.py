@@ -29,7 +29,8 @@ from ragtrace_collector.alerts.config import (
     AlertsConfig,
     WebhookConfig,
 )
-from ragtrace_collector.alerts.events import AlertEvent, iso8601
+from ragtrace_collector.alerts.events import AlertEvent, iso8601, segment_text
+from ragtrace_collector.evaluation.segments import prometheus_label
 from ragtrace_collector.service.component import Component, Status
 
 __all__ = [
@@ -194,8 +195,12 @@ class WebhookNotifier(Component):
 class AlertmanagerNotifier(Component):
     """Posts to the Alertmanager v2 API (``POST /api/v2/alerts``).
 
-    Labels: ``alertname``, ``rule``, ``metric``, ``service``, ``severity``, plus the
-    rule's and this notifier's static labels.  A firing post sets ``endsAt`` a few
+    Labels: ``alertname``, ``rule``, ``metric``, ``service``, ``severity``, the
+    segments of the series that dropped (under their Prometheus labels,
+    ``app_index_version="v2"``), plus the rule's and this notifier's static labels.
+    Annotations: ``summary``, ``description`` (the segment, its mean and baseline, and
+    its siblings' means), the figures, ``segments``, ``siblings``, ``against`` (canary
+    rules) and ``example_trace_ids``.  A firing post sets ``endsAt`` a few
     resend intervals ahead; a resolved post sets ``endsAt`` to the resolution time.
     """
 
@@ -228,6 +233,7 @@ class AlertmanagerNotifier(Component):
             "rule": event.rule,
             "metric": event.metric,
             "service": event.service,
+            **{prometheus_label(key): value for key, value in event.segments.items()},
         }
 
     def alert(self, event: AlertEvent) -> dict[str, Any]:
@@ -236,8 +242,11 @@ class AlertmanagerNotifier(Component):
             ends = event.evaluated_at + _ENDS_AT_RESENDS * self._config.resend_interval
         else:
             ends = event.ended_at if event.ended_at is not None else event.evaluated_at
+        where = f"service {event.service}"
+        if event.segments:
+            where += f", {segment_text(event.segments)}"
         annotations = {
-            "summary": f"{event.metric} dropped for service {event.service}",
+            "summary": f"{event.metric} dropped for {where}",
             "description": event.describe(),
             "window_mean": f"{event.window_mean:.4f}",
             "baseline": f"{event.baseline:.4f}",
@@ -248,6 +257,12 @@ class AlertmanagerNotifier(Component):
         }
         if event.baseline_sample_count is not None:
             annotations["baseline_sample_count"] = str(event.baseline_sample_count)
+        if event.segments:
+            annotations["segments"] = segment_text(event.segments)
+        if event.siblings:
+            annotations["siblings"] = event.siblings_text()
+        if event.against is not None:
+            annotations["against"] = event.against
         alert: dict[str, Any] = {
             "labels": self.labels(event),
             "annotations": annotations,

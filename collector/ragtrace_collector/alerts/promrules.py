@@ -9,11 +9,19 @@ Regenerate (or render your own thresholds)::
 
     python -m ragtrace_collector.alerts.promrules -o docker/prometheus/rules/ragtrace.rules.yml
     python -m ragtrace_collector.alerts.promrules --window 30m --baseline 7d --drop 10%
+    python -m ragtrace_collector.alerts.promrules --segments service.version,tenant.tier
 
-The windowed mean of ``ragtrace_eval_score`` (a histogram labelled ``service`` and
-``metric``) is ``rate(_sum[w]) / rate(_count[w])``, summed over replicas by
-``(service, metric)``: the global view.  The baseline is the same mean over the
-trailing ``baseline`` window, offset by the current window so that it excludes it.
+The windowed mean of ``ragtrace_eval_score`` (a histogram labelled ``service``,
+``metric`` and one label per configured segment) is ``rate(_sum[w]) / rate(_count[w])``,
+summed over replicas by ``(service, metric, <segment labels>)``: the global view of each
+segment, so a drop confined to one index version or one release is that segment's
+alert.  The segment labels are the Prometheus-safe forms of the collector's
+``segments:`` keys (``service.version`` -> ``service_version``); a label a collector does
+not export is simply empty, so the rules also hold for a config without segments.
+Render the rules for your own ``segments:`` with ``--segments``.
+
+The baseline is the same mean over the trailing ``baseline`` window, offset by the
+current window so that it excludes it.
 Prometheus cannot run the detector's t-test (the histogram has no sum of squares);
 the alerts require a minimum number of scored results in both windows and a ``for``
 duration instead.
@@ -31,11 +39,28 @@ from typing import Any
 import yaml
 
 from ragtrace_collector.alerts.config import format_duration, parse_duration
+from ragtrace_collector.evaluation.segments import prometheus_label as segment_label
 
-__all__ = ["SHIPPED_ALERTS", "PromDropAlert", "render_rules", "with_durations"]
+__all__ = [
+    "SHIPPED_ALERTS",
+    "SHIPPED_SEGMENTS",
+    "PromDropAlert",
+    "render_rules",
+    "with_durations",
+]
 
 _HISTOGRAM = "ragtrace_eval_score"
-_BY = "service, metric"
+
+#: The segment keys the shipped rules and dashboard group by (docs/alerting.md).
+SHIPPED_SEGMENTS: tuple[str, ...] = (
+    "deployment.environment",
+    "service.version",
+    "app.index_version",
+)
+
+
+def _by(segments: Sequence[str]) -> str:
+    return ", ".join(["service", "metric", *(segment_label(k) for k in segments)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,17 +95,17 @@ def with_durations(
     return tuple(replace(a, window=window, baseline=baseline, for_=for_) for a in alerts)
 
 
-def _mean(window: str, offset: str | None) -> str:
+def _mean(by: str, window: str, offset: str | None) -> str:
     off = f" offset {offset}" if offset else ""
     return (
-        f"sum by ({_BY}) (rate({_HISTOGRAM}_sum[{window}]{off}))\n"
-        f"/\nsum by ({_BY}) (rate({_HISTOGRAM}_count[{window}]{off}))\n"
+        f"sum by ({by}) (rate({_HISTOGRAM}_sum[{window}]{off}))\n"
+        f"/\nsum by ({by}) (rate({_HISTOGRAM}_count[{window}]{off}))\n"
     )
 
 
-def _count(window: str, offset: str | None) -> str:
+def _count(by: str, window: str, offset: str | None) -> str:
     off = f" offset {offset}" if offset else ""
-    return f"sum by ({_BY}) (increase({_HISTOGRAM}_count[{window}]{off}))\n"
+    return f"sum by ({by}) (increase({_HISTOGRAM}_count[{window}]{off}))\n"
 
 
 def _names(a: PromDropAlert) -> tuple[str, str, str, str]:
@@ -93,17 +118,17 @@ def _names(a: PromDropAlert) -> tuple[str, str, str, str]:
     )
 
 
-def _recording_rules(alerts: Sequence[PromDropAlert]) -> list[dict[str, Any]]:
+def _recording_rules(alerts: Sequence[PromDropAlert], by: str) -> list[dict[str, Any]]:
     rules: list[dict[str, Any]] = []
     seen: set[str] = set()
     for a in alerts:
         w, b = format_duration(a.window), format_duration(a.baseline)
         mean, count, base_mean, base_count = _names(a)
         for record, expr in (
-            (mean, _mean(w, None)),
-            (count, _count(w, None)),
-            (base_mean, _mean(b, w)),
-            (base_count, _count(b, w)),
+            (mean, _mean(by, w, None)),
+            (count, _count(by, w, None)),
+            (base_mean, _mean(by, b, w)),
+            (base_count, _count(by, b, w)),
         ):
             if record not in seen:
                 seen.add(record)
@@ -115,12 +140,21 @@ def _number(x: float) -> str:
     return f"{x:g}"
 
 
-def _alert_rule(a: PromDropAlert) -> dict[str, Any]:
+def _where(segments: Sequence[str]) -> str:
+    """Go template text naming the alert's segment: ", service_version=v2" per label."""
+    return "".join(
+        f"{{{{ with $labels.{label} }}}}, {label}={{{{ . }}}}{{{{ end }}}}"
+        for label in map(segment_label, segments)
+    )
+
+
+def _alert_rule(a: PromDropAlert, segments: Sequence[str]) -> dict[str, Any]:
+    by, where = _by(segments), _where(segments)
     mean, count, base_mean, base_count = _names(a)
     sel = f'{{metric=~"{a.metric_regex}"}}'
-    delta = f"{base_mean}{sel}\n  - on ({_BY})\n  {mean}{sel}"
+    delta = f"{base_mean}{sel}\n  - on ({by})\n  {mean}{sel}"
     if a.relative:
-        lhs = f"(\n  (\n  {delta}\n  )\n  / on ({_BY})\n  {base_mean}{sel}\n)"
+        lhs = f"(\n  (\n  {delta}\n  )\n  / on ({by})\n  {base_mean}{sel}\n)"
         value = "{{ $value | humanizePercentage }}"
         threshold = f"{a.drop:.0%}".replace("%", "% of it")
     else:
@@ -129,8 +163,8 @@ def _alert_rule(a: PromDropAlert) -> dict[str, Any]:
         threshold = _number(a.drop)
     expr = (
         f"{lhs} >= {_number(a.drop)}\n"
-        f"and on ({_BY}) ({count} >= {a.min_samples})\n"
-        f"and on ({_BY}) ({base_count} >= {a.min_samples})\n"
+        f"and on ({by}) ({count} >= {a.min_samples})\n"
+        f"and on ({by}) ({base_count} >= {a.min_samples})\n"
     )
     w, b = format_duration(a.window), format_duration(a.baseline)
     rule: dict[str, Any] = {"alert": a.alert, "expr": expr}
@@ -139,9 +173,10 @@ def _alert_rule(a: PromDropAlert) -> dict[str, Any]:
     rule["labels"] = {"severity": a.severity, "source": "ragtrace"}
     rule["annotations"] = {
         "summary": f"{a.noun.capitalize()} dropped: {{{{ $labels.metric }}}} for service"
-        " {{ $labels.service }}",
+        f" {{{{ $labels.service }}}}{where}",
         "description": (
-            f"The mean {{{{ $labels.metric }}}} of service {{{{ $labels.service }}}} over the last"
+            f"The mean {{{{ $labels.metric }}}} of service {{{{ $labels.service }}}}{where}"
+            " over the last"
             f" {w} is {value} below its mean over the {b} before (alert at a drop of"
             f" {threshold} or more, with at least {a.min_samples} scored results in each window)."
         ),
@@ -164,15 +199,18 @@ _Dumper.add_representer(str, _str_representer)
 def render_rules(
     alerts: Sequence[PromDropAlert] = SHIPPED_ALERTS,
     *,
+    segments: Sequence[str] = SHIPPED_SEGMENTS,
     group: str = "ragtrace-eval-score",
     interval: float | None = None,
 ) -> str:
     """A Prometheus rules file: recording rules first, then the alerts, in one group
-    (rules of a group are evaluated in order, so the alerts see fresh recordings)."""
+    (rules of a group are evaluated in order, so the alerts see fresh recordings).
+    ``segments`` are the collector's ``segments:`` keys: every rule keeps their labels."""
+    by = _by(segments)
     grp: dict[str, Any] = {"name": group}
     if interval is not None:
         grp["interval"] = format_duration(interval)
-    grp["rules"] = _recording_rules(alerts) + [_alert_rule(a) for a in alerts]
+    grp["rules"] = _recording_rules(alerts, by) + [_alert_rule(a, segments) for a in alerts]
     header = (
         "# Generated by `python -m ragtrace_collector.alerts.promrules`; do not edit by hand.\n"
         "# Score-drop recording and alert rules over the collector's ragtrace_eval_score\n"
@@ -194,6 +232,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--for", dest="for_", default=None, help="hold time (default 10m)")
     parser.add_argument("--drop", default=None, help="0.1 (absolute) or 10%% (relative)")
     parser.add_argument("--min-samples", type=int, default=None)
+    parser.add_argument(
+        "--segments",
+        default=None,
+        help="the collector's segments: keys, comma-separated"
+        f" (default {','.join(SHIPPED_SEGMENTS)}; empty for none)",
+    )
     parser.add_argument("-o", "--output", type=Path, default=None, help="file (default stdout)")
     args = parser.parse_args(argv)
     alerts = list(SHIPPED_ALERTS)
@@ -213,7 +257,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
         else:
             changes["drop"], changes["relative"] = float(text), False
     alerts = [replace(a, **changes) for a in alerts]
-    text = render_rules(alerts)
+    segments = SHIPPED_SEGMENTS
+    if args.segments is not None:
+        segments = tuple(k.strip() for k in args.segments.split(",") if k.strip())
+    text = render_rules(alerts, segments=segments)
     if args.output is None:
         sys.stdout.write(text)
     else:

@@ -20,6 +20,11 @@ For every ready trace:
 5. write the results onto the ``@rag`` span (:mod:`ragtrace_collector.evaluation.enrichment`),
    record telemetry and feed the drop detector, then forward.
 
+With ``segments:`` configured (:mod:`ragtrace_collector.evaluation.segments`), each
+sampled case's segment values are read when it is admitted (case span, resource,
+retriever spans), those the case span lacks are written onto it, and its results are
+recorded and fed to the detector with their bounded label values.
+
 Where the work runs (the event loop does only I/O):
 
 * every case is first held to the input bounds (:mod:`ragtrace_collector.evaluation.case_bounds`):
@@ -78,6 +83,7 @@ from ragtrace_collector.evaluation.enrichment import (
 )
 from ragtrace_collector.evaluation.pool import Annex, CaseWork, EvaluationPool
 from ragtrace_collector.evaluation.sampling import Sampler, SamplingDecision, trace_attribute_lookup
+from ragtrace_collector.evaluation.segments import Segments, SegmentValues
 from ragtrace_collector.judges.base import Judge, JudgeCallRecord
 from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.metrics import NOTHING_RETRIEVED_YET, ConversationMetric, Metric
@@ -98,8 +104,9 @@ from ragtrace_collector.stores.session import (
 __all__ = ["EvaluationConfig", "OnlineEvaluator", "ResultListener"]
 
 Forward = Callable[[AssembledTrace], None]
-#: Called for every metric result: (service, metric, result, trace id hex).
-ResultListener = Callable[[str, str, MetricResult, str], None]
+#: Called for every metric result: (service, metric, result, trace id hex, segment
+#: values in the order of the ``segments:`` keys).
+ResultListener = Callable[[str, str, MetricResult, str, tuple[str, ...]], None]
 #: Traces with more spans than this are turned into cases in a thread, off the loop.
 _THREAD_BUILD_SPANS = 2000
 
@@ -112,6 +119,8 @@ class _Job:
     decision: SamplingDecision
     enqueued_at: float
     groups_of: dict[int, SpanGroup] = field(default_factory=dict)
+    #: id(case span) -> its raw segment values (with ``segments:`` configured)
+    segments: dict[int, SegmentValues] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -164,8 +173,10 @@ class OnlineEvaluator(Component):
         case_rules: CaseRules | None = None,
         pool: EvaluationPool | None = None,
         supervisor: Supervisor | None = None,
+        segments: Segments | None = None,
     ) -> None:
         self.config = config
+        self._segments = segments if segments else None
         self.pool = pool
         self._supervisor = supervisor if supervisor is not None else Supervisor()
         self.judge = judge
@@ -347,6 +358,8 @@ class OnlineEvaluator(Component):
             forward(trace)
             return
         job = _Job(trace, forward, cases, decision, time.monotonic(), groups_of)
+        if self._segments is not None:
+            self._read_segments(job)
         try:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
@@ -373,6 +386,30 @@ class OnlineEvaluator(Component):
                 maps.append({semconv.EXPECTED_OUTPUT: True})
         session_id = next((c.session_id for c in cases if c.session_id), None)
         return self.sampler.decide(trace.trace_id, session_id, trace_attribute_lookup(maps))
+
+    def _read_segments(self, job: _Job) -> None:
+        """Each case's segment values; those the case span lacks are written onto it."""
+        segments = self._segments
+        assert segments is not None
+        spans: dict[str, Span] | None = None
+        for built in job.cases:
+            retrievers: list[Span] = []
+            if built.document_sources:
+                if spans is None:
+                    spans = {s.span_id.hex(): s for s, _ in job.trace.spans()}
+                for source in built.document_sources:
+                    found = spans.get(source.span_id)
+                    if found is not None and (not retrievers or retrievers[-1] is not found):
+                        retrievers.append(found)
+            resource = job.groups_of[id(built.span)].resource
+            values = segments.read(
+                built.attributes, resource.attributes if resource is not None else None, retrievers
+            )
+            job.segments[id(built.span)] = values
+            missing = segments.missing_on_span(values, built.attributes)
+            if missing:
+                entries = protowire.span_attribute_entries(built.span.attributes, missing, ())
+                built.span.MergeFromString(b"".join(entries))
 
     def _skip(self, job: _Job, reason: str) -> None:
         self._telemetry.eval_skipped.labels(reason).inc()
@@ -531,11 +568,16 @@ class OnlineEvaluator(Component):
     def _record(self, outcome: _CaseOutcome, job: _Job) -> None:
         record = self._telemetry.results.record
         service = outcome.built.service
+        segments = self._segments
+        labels: tuple[str, ...] = ()
+        if segments is not None:
+            raw = job.segments.get(id(outcome.built.span))
+            labels = segments.labels(raw if raw is not None else segments.read({}, None))
         for r in outcome.results:
-            record(service, r.metric, r.outcome, r.score)
+            record(service, r.metric, r.outcome, r.score, labels)
             for listener in self._listeners:
                 try:
-                    listener(service, r.metric, r, job.trace.trace_id_hex)
+                    listener(service, r.metric, r, job.trace.trace_id_hex, labels)
                 except Exception as exc:
                     self._log.error("result_listener_failed", error=repr(exc))
 

@@ -24,6 +24,7 @@ from ragtrace_collector.evaluation.case_builder import CaseRules
 from ragtrace_collector.evaluation.evaluator import OnlineEvaluator
 from ragtrace_collector.evaluation.pool import EvaluationPool
 from ragtrace_collector.evaluation.sampling import Sampler
+from ragtrace_collector.evaluation.segments import Segments
 from ragtrace_collector.judges.base import JudgeCallRecord
 from ragtrace_collector.judges.factory import make_judge
 from ragtrace_collector.judges.offline import OfflineJudge
@@ -180,14 +181,26 @@ def build_stage(
         raise ValueError(f"judge: {exc}") from exc
     window = max((m.options.window_size for m in metrics if m.kind == "conversation"), default=10)
     session_store: SessionStore = create_session_store(config.session_store, window_size=window)
+    segments = Segments(config.segments)
+    if segments:
+        telemetry.results.set_segment_labels(segments.labels_names)
+        segments.add_evict_listener(telemetry.results.forget)
     detector: DropDetector | None = None
     _warn_about_alerts(config, log)
     if config.alerts.enabled and config.alerts.rules:
-        detector = DropDetector.from_config(config.alerts, telemetry=telemetry)
+        detector = DropDetector.from_config(
+            config.alerts, telemetry=telemetry, segments=config.segments
+        )
         active = detector
 
-        def feed(service: str, metric: str, result: MetricResult, trace_id: str) -> None:
-            active.observe(service, metric, result.score, trace_id)
+        def feed(
+            service: str,
+            metric: str,
+            result: MetricResult,
+            trace_id: str,
+            values: tuple[str, ...],
+        ) -> None:
+            active.observe(service, metric, result.score, trace_id, segments=values)
 
         listeners.append(feed)
     pool: EvaluationPool | None = None
@@ -214,6 +227,7 @@ def build_stage(
         case_rules=CaseRules(config.cases),
         pool=pool,
         supervisor=supervisor,
+        segments=segments,
     )
     on_call_hooks.append(evaluator.judge_listener())
     judge_status = JudgeStatus(judge.model)
@@ -224,6 +238,7 @@ def build_stage(
         heuristic=judge.heuristic,
         metrics=[m.name for m in metrics],
         sample_rate=config.sampling.rate,
+        segments=list(segments.keys),
         alert_rules=[r.name for r in config.alerts.rules] if detector else [],
         reference_store=str(config.reference_store.path) if config.reference_store else None,
         session_store=config.session_store.backend,

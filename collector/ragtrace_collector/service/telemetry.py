@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -202,9 +202,9 @@ class Telemetry:
 
 
 class ResultBook:
-    """``ragtrace_eval_score`` (a histogram by service and metric) and
-    ``ragtrace_eval_results`` (a counter by service, metric and outcome), kept in plain
-    lists and read at scrape time.
+    """``ragtrace_eval_score`` (a histogram by service, metric and the segment labels)
+    and ``ragtrace_eval_results`` (a counter by service, metric, the segment labels and
+    outcome), kept in plain dicts and read at scrape time.
 
     Every metric result of every case is counted here, several per case: through
     prometheus-client's metric objects that cost a lock and a few calls per increment,
@@ -213,6 +213,12 @@ class ResultBook:
     once) and read by a scrape from any thread, which snapshots them first; the series
     exposed are the ones prometheus-client's Counter and Histogram expose (``_total``,
     ``_bucket``, ``_count``, ``_sum``, ``_created``).
+
+    The segment labels (``segments:`` in the config, see
+    :mod:`ragtrace_collector.evaluation.segments`) are set once with
+    :meth:`set_segment_labels`, before the first result; every result then carries one
+    value per label, in that order.  Without segments the labels are service and metric
+    (and outcome).
     """
 
     _SCORE = "ragtrace_eval_score"
@@ -221,41 +227,84 @@ class ResultBook:
     _RESULTS_HELP = "Metric results by outcome: passed, failed, skipped, error."
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        #: (service, metric, outcome) -> [count, created]
-        self._results: dict[tuple[str, str, str], list[float]] = {}
-        #: (service, metric) -> [per-bucket counts (not cumulative; +Inf last)..., sum, created]
-        self._scores: dict[tuple[str, str], list[float]] = {}
+        #: (service, metric, outcome, segment values) -> [count, created]
+        self._results: dict[tuple[str, str, str, tuple[str, ...]], list[float]] = {}
+        #: (service, metric, segment values) -> [per-bucket counts (not cumulative; +Inf
+        #: last)..., sum, created]
+        self._scores: dict[tuple[str, str, tuple[str, ...]], list[float]] = {}
+        self._segment_labels: tuple[str, ...] = ()
         # As prometheus-client writes them (the tests compare): these bounds print as repr.
         self._les = [repr(float(b)) for b in SCORE_BUCKETS] + ["+Inf"]
         if registry is not None:
             registry.register(self)
 
-    def record(self, service: str, metric: str, outcome: str, score: float | None) -> None:
-        """One result; ``score`` is observed when it is a finite number (None skips it)."""
-        key = (service, metric, outcome)
+    @property
+    def segment_labels(self) -> tuple[str, ...]:
+        return self._segment_labels
+
+    def set_segment_labels(self, labels: Sequence[str]) -> None:
+        """The segment labels, in the order :meth:`record` gets their values.  Only
+        before the first result (the series already written would lack them)."""
+        if self._results or self._scores:
+            raise RuntimeError("segment labels must be set before the first result")
+        self._segment_labels = tuple(labels)
+
+    def record(
+        self,
+        service: str,
+        metric: str,
+        outcome: str,
+        score: float | None,
+        segments: tuple[str, ...] = (),
+    ) -> None:
+        """One result; ``score`` is observed when it is a finite number (None skips it).
+        ``segments``: one value per segment label."""
+        key = (service, metric, outcome, segments)
         counted = self._results.get(key)
         if counted is None:
+            if len(segments) != len(self._segment_labels):
+                raise ValueError(
+                    f"{len(segments)} segment values for {len(self._segment_labels)} labels"
+                )
             counted = self._results[key] = [0.0, time.time()]
         counted[0] += 1.0
         if score is not None and score - score == 0.0:  # finite (NaN and inf are not)
-            self.observe(service, metric, score)
+            self.observe(service, metric, score, segments)
 
-    def observe(self, service: str, metric: str, score: float) -> None:
-        """One score into the histogram of (service, metric)."""
-        row = self._scores.get((service, metric))
+    def observe(
+        self, service: str, metric: str, score: float, segments: tuple[str, ...] = ()
+    ) -> None:
+        """One score into the histogram of (service, metric, segments)."""
+        key = (service, metric, segments)
+        row = self._scores.get(key)
         if row is None:
-            row = self._scores[service, metric] = [0.0] * (len(self._les) + 1) + [time.time()]
+            if len(segments) != len(self._segment_labels):
+                raise ValueError(
+                    f"{len(segments)} segment values for {len(self._segment_labels)} labels"
+                )
+            row = self._scores[key] = [0.0] * (len(self._les) + 1) + [time.time()]
         row[bisect.bisect_left(SCORE_BUCKETS, score)] += 1.0
         row[-2] += score
+
+    def forget(self, index: int, value: str) -> None:
+        """Drop the series whose ``index``-th segment value is ``value`` (a value that
+        is no longer among its key's top values: its results now count as ``other``)."""
+        for key in [k for k in self._results if k[3][index] == value]:
+            del self._results[key]
+        for skey in [k for k in self._scores if k[2][index] == value]:
+            del self._scores[skey]
 
     def describe(self) -> list[Metric]:
         return list(self._families())
 
     def _families(self) -> tuple[HistogramMetricFamily, CounterMetricFamily]:
+        segs = list(self._segment_labels)
         return (
-            HistogramMetricFamily(self._SCORE, self._SCORE_HELP, labels=["service", "metric"]),
+            HistogramMetricFamily(
+                self._SCORE, self._SCORE_HELP, labels=["service", "metric", *segs]
+            ),
             CounterMetricFamily(
-                self._RESULTS, self._RESULTS_HELP, labels=["service", "metric", "outcome"]
+                self._RESULTS, self._RESULTS_HELP, labels=["service", "metric", *segs, "outcome"]
             ),
         )
 
@@ -268,19 +317,23 @@ class ResultBook:
         scores = [(key, list(row)) for key, row in self._scores.copy().items()]
         results = [(key, list(row)) for key, row in self._results.copy().items()]
         histogram, counter = self._families()
+        names = self._segment_labels
         created: list[Sample] = []
-        for (service, metric), row in scores:
+        for (service, metric, segments), row in scores:
             total = 0.0
             buckets: list[tuple[str, float]] = []
             for le, count in zip(self._les, row, strict=False):
                 total += count
                 buckets.append((le, total))
-            histogram.add_metric([service, metric], buckets, row[-2])
-            created.append(
-                Sample(self._SCORE + "_created", {"service": service, "metric": metric}, row[-1])
-            )
+            histogram.add_metric([service, metric, *segments], buckets, row[-2])
+            labels = {
+                "service": service,
+                "metric": metric,
+                **dict(zip(names, segments, strict=True)),
+            }
+            created.append(Sample(self._SCORE + "_created", labels, row[-1]))
         histogram.samples.extend(created)
         yield histogram
-        for (service, metric, outcome), (count, since) in results:
-            counter.add_metric([service, metric, outcome], count, created=since)
+        for (service, metric, outcome, segments), (count, since) in results:
+            counter.add_metric([service, metric, *segments, outcome], count, created=since)
         yield counter
