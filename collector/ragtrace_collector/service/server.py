@@ -90,8 +90,11 @@ class CollectorService:
                 detail="evaluation is off, so no scores reach the alert rules",
                 rules=[r.name for r in config.alerts.rules],
             )
+        # The file exporter syncs per the log's policy; without a log there is no entry
+        # for it to keep, so it leaves flushing to the OS.
+        fsync = config.storage.fsync if config.storage.directory is not None else "never"
         self.exporters: list[Exporter[Any]] = [
-            build_exporter(name, cfg, self.telemetry, supervisor=self.supervisor)
+            build_exporter(name, cfg, self.telemetry, supervisor=self.supervisor, fsync=fsync)
             for name, cfg in config.exporters.items()
         ]
         #: The write-ahead log, when ``storage.directory`` is set.
