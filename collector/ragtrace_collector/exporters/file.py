@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, Literal
 
@@ -35,22 +34,14 @@ from ragtrace_collector.exporters.config import FileExporterConfig
 from ragtrace_collector.otlp.codec import SpanGroup, build_request, encode_json
 from ragtrace_collector.service.component import Supervisor
 from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.storage.fileops import FileOps, write_all
 
-__all__ = ["FileExporter", "FileOps", "FsyncPolicy", "rotated_paths"]
+__all__ = ["FileExporter", "FsyncPolicy", "rotated_paths"]
 
 #: ``storage.fsync``: when the exporter syncs what it wrote.
 FsyncPolicy = Literal["never", "batch", "always"]
 
 _NEWLINE: Final = b"\n"
-
-
-@dataclass(frozen=True, slots=True)
-class FileOps:
-    """The system calls the exporter writes and syncs with (tests inject their own to
-    make a write fail half-way or to record the syncs)."""
-
-    write: Callable[[int, memoryview], int] = os.write
-    fsync: Callable[[int], None] = os.fsync
 
 
 def rotated_paths(path: Path, keep: int) -> list[Path]:
@@ -72,11 +63,14 @@ class FileExporter(Exporter[bytes]):
         ops: FileOps | None = None,
     ) -> None:
         """``fsync`` is the storage policy when a write-ahead log is on (``never``
-        without one); ``ops`` the system calls (the real ones by default)."""
+        without one); ``ops`` the system calls (the real ones by default; see
+        :mod:`ragtrace_collector.storage.fileops`)."""
         super().__init__(name, config, telemetry, supervisor=supervisor)
         self._path = config.path
         self._max_bytes = config.max_bytes
         self._keep = config.keep
+        #: The sync policy this exporter writes with.
+        self.fsync: FsyncPolicy = fsync
         self._sync = fsync != "never"
         self._ops = ops if ops is not None else FileOps()
 
@@ -100,30 +94,22 @@ class FileExporter(Exporter[bytes]):
         if size and size + len(line) > self._max_bytes:
             self._rotate()
         created = not self._path.exists()
-        fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             start = os.fstat(fd).st_size
             if start and os.pread(fd, 1, start - 1) != _NEWLINE:
                 line = _NEWLINE + line  # never continue a partial line
             try:
-                self._write_all(fd, line)
+                write_all(self._ops, fd, line)
                 if self._sync:
                     self._ops.fsync(fd)
             except BaseException:
-                os.ftruncate(fd, start)  # no partial line; the retry starts clean
+                self._ops.truncate(fd, start)  # no partial line; the retry starts clean
                 raise
         finally:
             os.close(fd)
         if created and self._sync:
             self._sync_directory()
-
-    def _write_all(self, fd: int, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            written = self._ops.write(fd, view)
-            if written <= 0:
-                raise OSError(f"write took {written} bytes")
-            view = view[written:]
 
     def _sync_directory(self) -> None:
         """Make a created or renamed file's directory entry durable."""
