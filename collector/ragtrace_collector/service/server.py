@@ -98,7 +98,11 @@ class CollectorService:
             for name, cfg in config.exporters.items()
         ]
         #: The write-ahead log, when ``storage.directory`` is set.
-        self.storage = Storage(config.storage) if config.storage.directory is not None else None
+        self.storage = (
+            Storage(config.storage, telemetry=self.telemetry)
+            if config.storage.directory is not None
+            else None
+        )
         if self.storage is not None:
             self.host.register(self.storage)
         self.host.register_all(self.exporters)
