@@ -168,7 +168,8 @@ class CollectorService:
 
     # ---------------------------------------------------------------- probes
     def _ready(self) -> tuple[bool, str]:
-        """Readiness: can the process accept data now?"""
+        """Readiness: can the process accept data now?  Reads the receivers' own
+        admission check (:meth:`Pipeline.refusal`), so it is 503 whenever they refuse."""
         if self._stopping:
             return False, "shutting down"
         if not self._listening:

@@ -97,6 +97,7 @@ _LOCK_NAME: Final = "lock"
 _PROBE_NAME: Final = "probe.tmp"
 _MAX_PAYLOAD: Final = 0xFFFF_FFFF
 _TORN: Final = frozenset({"incomplete header", "incomplete payload"})
+_TORN_DETAIL: Final = "a write cut short by a crash (never acknowledged); cut off"
 
 
 class StorageError(Exception):
@@ -303,26 +304,20 @@ class WriteAheadLog:
             resume = after if problem == "payload checksum mismatch" else _resync(data, after)
             if resume is None and newest and problem in _TORN:
                 if report:
-                    self._skipped("torn_tail")
-                    self._log.warning(
-                        "wal_torn_tail",
-                        segment=segment.path.name,
-                        offset=offset,
-                        bytes_skipped=end - offset,
-                        detail=f"{problem}: a write cut short by a crash (never acknowledged)",
+                    self._skipped(
+                        segment, offset, end, torn=True, detail=f"{problem}: {_TORN_DETAIL}"
                     )
                     with open(segment.path, "r+b") as fh:
                         fh.truncate(offset)
                     segment.size = offset
                 return
             if report:
-                self._skipped("corrupt")
                 stop = end if resume is None else resume
-                self._log.error(
-                    "wal_corrupt_record",
-                    segment=segment.path.name,
-                    offset=offset,
-                    bytes_skipped=stop - offset,
+                self._skipped(
+                    segment,
+                    offset,
+                    stop,
+                    torn=False,
                     detail=f"{problem}: this record is skipped, the records after it are read",
                 )
             if resume is None:
@@ -349,14 +344,11 @@ class WriteAheadLog:
                         problem = "checksum mismatch"
             if problem:
                 if report:
-                    torn = newest and problem in _TORN
-                    self._skipped("torn_tail" if torn else "corrupt")
-                    log = self._log.warning if torn else self._log.error
-                    log(
-                        "wal_torn_tail" if torn else "wal_corrupt_record",
-                        segment=segment.path.name,
-                        offset=offset,
-                        bytes_skipped=end - offset,
+                    self._skipped(
+                        segment,
+                        offset,
+                        end,
+                        torn=newest and problem in _TORN,
                         detail=f"{problem} in a segment of the previous format (RTWAL01), "
                         "which cannot resynchronise: the rest of this segment is skipped",
                     )
@@ -364,10 +356,21 @@ class WriteAheadLog:
             yield Record(seq, KIND_REQUEST, payload)
             offset = body + length
 
-    def _skipped(self, reason: str) -> None:
+    def _skipped(
+        self, segment: Segment, offset: int, stop: int, *, torn: bool, detail: str
+    ) -> None:
+        """Count and log one skipped record (bytes ``offset`` to ``stop``)."""
         self.skipped_records += 1
         if self._on_skipped is not None:
-            self._on_skipped(reason)
+            self._on_skipped("torn_tail" if torn else "corrupt")
+        log = self._log.warning if torn else self._log.error
+        log(
+            "wal_torn_tail" if torn else "wal_corrupt_record",
+            segment=segment.path.name,
+            offset=offset,
+            bytes_skipped=stop - offset,
+            detail=detail,
+        )
 
     # ------------------------------------------------------------------ write
     def append(self, records: Sequence[tuple[int, bytes, int]]) -> list[Placed]:
