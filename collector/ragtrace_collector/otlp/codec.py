@@ -36,6 +36,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from ragtrace_collector.otlp.piecewise import parse_in_pieces
+from ragtrace_collector.otlp.problems import json_problem, json_type, protobuf_problem
 
 __all__ = [
     "CONTENT_TYPE_JSON",
@@ -236,8 +237,10 @@ def decode_protobuf_request(body: bytes) -> ExportTraceServiceRequest:
     lock for long."""
     try:
         return parse_in_pieces(body)
-    except (DecodeError, ValueError) as exc:  # upb raises DecodeError; be generous
-        raise OtlpDecodeError(f"malformed protobuf ExportTraceServiceRequest: {exc}") from None
+    except (DecodeError, ValueError):  # upb raises DecodeError; be generous
+        # Never the parser's message: described by position, never by content.
+        problem = protobuf_problem(body)
+        raise OtlpDecodeError(f"malformed protobuf ExportTraceServiceRequest: {problem}") from None
 
 
 def decode_json_request(body: bytes) -> ExportTraceServiceRequest:
@@ -258,10 +261,11 @@ def decode_json_request(body: bytes) -> ExportTraceServiceRequest:
     request = ExportTraceServiceRequest()
     try:
         json_format.ParseDict(data, request, ignore_unknown_fields=True)
-    except json_format.ParseError as exc:
-        raise OtlpDecodeError(f"invalid OTLP/JSON: {exc}") from None
-    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
-        raise OtlpDecodeError(f"invalid OTLP/JSON: {type(exc).__name__}: {exc}") from None
+    except (json_format.ParseError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+        # The parser's message quotes the offending value: describe the problem by
+        # position and type instead (see otlp.problems).
+        problem = json_problem(data) or f"not an ExportTraceServiceRequest ({type(exc).__name__})"
+        raise OtlpDecodeError(f"invalid OTLP/JSON: {problem}") from None
     return request
 
 
@@ -294,20 +298,15 @@ def _convert_ids(obj: Any, keys: tuple[str, ...], where: str) -> None:
         if value is None:
             continue
         if not isinstance(value, str):
-            raise OtlpDecodeError(
-                f"{where}.{key}: expected a hex string, got {type(value).__name__}"
-            )
+            raise OtlpDecodeError(f"{where}.{key}: expected a hex string, got {json_type(value)}")
         try:
             raw = bytes.fromhex(value)
         except ValueError:
             raise OtlpDecodeError(
-                f"{where}.{key}: {_clip(value)!r} is not a hex string (OTLP/JSON ids are hex)"
+                f"{where}.{key}: expected a hex string, got a string of {len(value)} "
+                "characters that is not hex (OTLP/JSON ids are hex)"
             ) from None
         obj[key] = base64.b64encode(raw).decode("ascii")
-
-
-def _clip(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 # ------------------------------------------------------------------------ encoding

@@ -26,7 +26,7 @@ from typing import Final
 from google.protobuf.message import Message
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-__all__ = ["PIECE_BYTES", "WHOLE_BYTES", "parse_in_pieces"]
+__all__ = ["PIECE_BYTES", "WHOLE_BYTES", "WireError", "parse_in_pieces", "read_varint"]
 
 #: Bodies up to this size are parsed whole (about 15 ms of upb on a slow core): the
 #: walk costs about 1 us of Python per entry, three to four times the parse itself for
@@ -42,8 +42,9 @@ _DESCEND: Final[dict[str, tuple[int, str]]] = {
 }
 
 
-class _Unexpected(Exception):
-    """The walk met something it does not handle: parse the body whole instead."""
+class WireError(Exception):
+    """A tag, length or value the walk does not handle, or that runs past its message
+    (:func:`parse_in_pieces` then parses the body whole instead)."""
 
 
 def parse_in_pieces(
@@ -60,7 +61,7 @@ def parse_in_pieces(
     view = memoryview(body)
     try:
         _merge(request, view, 0, len(body), piece_bytes)
-    except _Unexpected:
+    except WireError:
         request.Clear()
         request.ParseFromString(body)
     return request
@@ -73,14 +74,14 @@ def _merge(message: Message, view: memoryview, start: int, end: int, piece: int)
     pos = start
     while pos < end:
         entry_start = pos
-        key, pos = _varint(view, pos, end)
+        key, pos = read_varint(view, pos, end)
         wire_type = key & 7
         if wire_type == 2:
-            length, pos = _varint(view, pos, end)
+            length, pos = read_varint(view, pos, end)
             value_start = pos
             pos += length
             if pos > end:
-                raise _Unexpected
+                raise WireError
             if descend is not None and key >> 3 == descend[0] and length > piece:
                 if entry_start > run_start:
                     message.MergeFromString(view[run_start:entry_start])
@@ -89,15 +90,15 @@ def _merge(message: Message, view: memoryview, start: int, end: int, piece: int)
                 run_start = pos
                 continue
         elif wire_type == 0:
-            _, pos = _varint(view, pos, end)
+            _, pos = read_varint(view, pos, end)
         elif wire_type == 1:
             pos += 8
         elif wire_type == 5:
             pos += 4
         else:  # groups (3, 4) and invalid wire types
-            raise _Unexpected
+            raise WireError
         if pos > end:
-            raise _Unexpected
+            raise WireError
         if pos - run_start >= piece:
             message.MergeFromString(view[run_start:pos])
             run_start = pos
@@ -105,7 +106,9 @@ def _merge(message: Message, view: memoryview, start: int, end: int, piece: int)
         message.MergeFromString(view[run_start:end])
 
 
-def _varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:
+def read_varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:
+    """The varint at ``view[pos]`` and the position after it; :class:`WireError` when
+    it runs past ``end`` or over 64 bits."""
     result = 0
     shift = 0
     while pos < end:
@@ -117,4 +120,4 @@ def _varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:
         shift += 7
         if shift > 63:
             break
-    raise _Unexpected
+    raise WireError

@@ -1,0 +1,237 @@
+"""What is wrong with a malformed OTLP request, said by position and type, never by value.
+
+A request's content is the client's data: span names, attribute values, prompts and
+answers that may hold personal data or secrets.  The error messages of the parsers
+(``json_format.ParseError``, ``int()``...) quote the offending value, so the receivers
+never pass them on.  Instead, once a request has failed to parse, it is walked again
+here against the message's schema, and the first problem is described by its path and
+the JSON type found, e.g.
+``resourceSpans[0].scopeSpans[2].spans[5].attributes[1].value.intValue: expected
+integer, got string``.
+
+:func:`json_problem` checks decoded OTLP/JSON; :func:`protobuf_problem` finds the first
+element of a binary request that does not parse (down to a span), with its byte
+offset.  Both run only on the error path.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from typing import Any, Final
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+from ragtrace_collector.otlp.piecewise import WireError, read_varint
+
+__all__ = ["json_problem", "json_type", "protobuf_problem"]
+
+_INT_RANGES: Final[dict[int, tuple[int, int]]] = {
+    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_SINT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_SFIXED32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1),
+    FieldDescriptor.TYPE_FIXED32: (0, 2**32 - 1),
+    FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_SINT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_SFIXED64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1),
+    FieldDescriptor.TYPE_FIXED64: (0, 2**64 - 1),
+}
+_FLOATS: Final = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
+_FLOAT_WORDS: Final = ("NaN", "Infinity", "-Infinity")
+
+_fields_cache: dict[str, dict[str, FieldDescriptor]] = {}
+
+
+def json_type(value: Any) -> str:
+    """The JSON type of a decoded value: object, array, string, number, boolean, null."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def json_problem(data: Any, descriptor: Descriptor | None = None) -> str | None:
+    """The first problem of ``data`` (decoded OTLP/JSON, ids already in base64) as an
+    ``ExportTraceServiceRequest`` (or ``descriptor``): ``"<path>: <what>"``, or None
+    when the walk finds nothing wrong."""
+    try:
+        return _message(descriptor or ExportTraceServiceRequest.DESCRIPTOR, data, "")
+    except RecursionError:
+        return "the request is nested too deeply"
+
+
+def _fields(descriptor: Descriptor) -> dict[str, FieldDescriptor]:
+    """A message's fields by JSON name and by proto name (both are accepted)."""
+    found = _fields_cache.get(descriptor.full_name)
+    if found is None:
+        found = {}
+        for field in descriptor.fields:
+            found[field.name] = field
+            found[field.json_name] = field
+        _fields_cache[descriptor.full_name] = found
+    return found
+
+
+def _message(descriptor: Descriptor, obj: Any, path: str) -> str | None:
+    if not isinstance(obj, dict):
+        return f"{path or 'the request'}: expected object, got {json_type(obj)}"
+    fields = _fields(descriptor)
+    oneofs: set[str] = set()
+    for key, value in obj.items():
+        field = fields.get(key) if isinstance(key, str) else None
+        if field is None or value is None:  # unknown fields are ignored, as when parsing
+            continue
+        where = f"{path}.{field.json_name}" if path else field.json_name
+        oneof = field.containing_oneof
+        if oneof is not None:
+            if oneof.name in oneofs:
+                return f"{where}: a second field of the one-of '{oneof.name}'"
+            oneofs.add(oneof.name)
+        if field.is_repeated:
+            if not isinstance(value, list):
+                return f"{where}: expected array, got {json_type(value)}"
+            for i, item in enumerate(value):
+                problem = _value(field, item, f"{where}[{i}]")
+                if problem is not None:
+                    return problem
+        else:
+            problem = _value(field, value, where)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _value(field: FieldDescriptor, value: Any, where: str) -> str | None:
+    kind = field.type
+    if kind == FieldDescriptor.TYPE_MESSAGE:
+        return _message(field.message_type, value, where)
+    if kind == FieldDescriptor.TYPE_STRING:
+        return None if isinstance(value, str) else _expected(where, "string", value)
+    if kind == FieldDescriptor.TYPE_BYTES:
+        if not isinstance(value, str):
+            return _expected(where, "base64 string", value)
+        try:
+            base64.b64decode(value + "=" * (-len(value) % 4), validate=False)
+        except (binascii.Error, ValueError):
+            return f"{where}: expected base64 string, got a string that is not base64"
+        return None
+    if kind == FieldDescriptor.TYPE_BOOL:
+        return None if isinstance(value, bool) else _expected(where, "boolean", value)
+    if kind == FieldDescriptor.TYPE_ENUM:
+        ok = isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+        return None if ok else _expected(where, "enum name or integer", value)
+    if kind in _FLOATS:
+        return _float(where, value)
+    bounds = _INT_RANGES.get(kind)
+    if bounds is not None:
+        return _integer(where, value, bounds)
+    return None
+
+
+def _expected(where: str, wanted: str, value: Any) -> str:
+    return f"{where}: expected {wanted}, got {json_type(value)}"
+
+
+def _integer(where: str, value: Any, bounds: tuple[int, int]) -> str | None:
+    number: int | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str):
+        try:
+            number = int(value)
+        except ValueError:
+            return f"{where}: expected integer, got a string that is not an integer"
+    if number is None:
+        return _expected(where, "integer", value)
+    low, high = bounds
+    if not low <= number <= high:
+        return f"{where}: integer out of range [{low}, {high}]"
+    return None
+
+
+def _float(where: str, value: Any) -> str | None:
+    if isinstance(value, bool):
+        return _expected(where, "number", value)
+    if isinstance(value, int | float):
+        return None
+    if isinstance(value, str):
+        if value in _FLOAT_WORDS:
+            return None
+        try:
+            float(value)
+        except ValueError:
+            return f"{where}: expected number, got a string that is not a number"
+        return None
+    return _expected(where, "number", value)
+
+
+# ------------------------------------------------------------------ protobuf
+#: The levels a binary request is checked at: the message walked, and the field number,
+#: JSON name and type of its repeated elements.
+_LEVELS: Final = (
+    ("ExportTraceServiceRequest", 1, "resourceSpans", ResourceSpans),
+    ("ResourceSpans", 2, "scopeSpans", ScopeSpans),
+    ("ScopeSpans", 2, "spans", Span),
+)
+
+
+def protobuf_problem(body: bytes) -> str:
+    """Where a binary ``ExportTraceServiceRequest`` that does not parse goes wrong:
+    the first resourceSpans, scopeSpans or span element that does not parse on its
+    own (down to the span), with its byte offset."""
+    return _protobuf_level(memoryview(body), 0, len(body), 0, "")
+
+
+def _protobuf_level(view: memoryview, start: int, end: int, level: int, path: str) -> str:
+    owner, number, name, element = _LEVELS[level]
+    here = path or "the request"
+    index = 0
+    pos = start
+    entry = start
+    try:
+        while pos < end:
+            entry = pos
+            key, pos = read_varint(view, pos, end)
+            wire = key & 7
+            if wire == 0:
+                _, pos = read_varint(view, pos, end)
+            elif wire in (1, 5):
+                pos += 8 if wire == 1 else 4
+            elif wire == 2:
+                length, pos = read_varint(view, pos, end)
+                value_start, pos = pos, pos + length
+                if key >> 3 == number and pos <= end:
+                    where = f"{path}.{name}[{index}]" if path else f"{name}[{index}]"
+                    index += 1
+                    try:
+                        element.FromString(bytes(view[value_start:pos]))
+                    except DecodeError:
+                        if level + 1 < len(_LEVELS):
+                            return _protobuf_level(view, value_start, pos, level + 1, where)
+                        return f"{where}: malformed {element.__name__} (byte {value_start})"
+            else:
+                raise WireError
+            if pos > end:
+                raise WireError
+    except WireError:
+        return f"{here}: a field is cut short or has an unknown wire type (byte {entry})"
+    return f"{here}: malformed {owner} outside its {name} (byte {start})"
