@@ -26,7 +26,14 @@ from typing import Final
 from google.protobuf.message import Message
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-__all__ = ["PIECE_BYTES", "WHOLE_BYTES", "WireError", "parse_in_pieces", "read_varint"]
+__all__ = [
+    "PIECE_BYTES",
+    "WHOLE_BYTES",
+    "WireError",
+    "parse_in_pieces",
+    "read_entry",
+    "read_varint",
+]
 
 #: Bodies up to this size are parsed whole (about 15 ms of upb on a slow core): the
 #: walk costs about 1 us of Python per entry, three to four times the parse itself for
@@ -74,36 +81,47 @@ def _merge(message: Message, view: memoryview, start: int, end: int, piece: int)
     pos = start
     while pos < end:
         entry_start = pos
-        key, pos = read_varint(view, pos, end)
-        wire_type = key & 7
-        if wire_type == 2:
-            length, pos = read_varint(view, pos, end)
-            value_start = pos
-            pos += length
-            if pos > end:
-                raise WireError
-            if descend is not None and key >> 3 == descend[0] and length > piece:
-                if entry_start > run_start:
-                    message.MergeFromString(view[run_start:entry_start])
-                child = getattr(message, descend[1]).add()
-                _merge(child, view, value_start, pos, piece)
-                run_start = pos
-                continue
-        elif wire_type == 0:
-            _, pos = read_varint(view, pos, end)
-        elif wire_type == 1:
-            pos += 8
-        elif wire_type == 5:
-            pos += 4
-        else:  # groups (3, 4) and invalid wire types
-            raise WireError
-        if pos > end:
-            raise WireError
+        key, value_start, pos = read_entry(view, pos, end)
+        if (
+            descend is not None
+            and key >> 3 == descend[0]
+            and key & 7 == 2
+            and pos - value_start > piece
+        ):
+            if entry_start > run_start:
+                message.MergeFromString(view[run_start:entry_start])
+            child = getattr(message, descend[1]).add()
+            _merge(child, view, value_start, pos, piece)
+            run_start = pos
+            continue
         if pos - run_start >= piece:
             message.MergeFromString(view[run_start:pos])
             run_start = pos
     if end > run_start:
         message.MergeFromString(view[run_start:end])
+
+
+def read_entry(view: memoryview, pos: int, end: int) -> tuple[int, int, int]:
+    """The field entry at ``view[pos]``: its key (field number << 3 | wire type), where
+    its value starts and where the next entry starts.  :class:`WireError` for a group
+    or an invalid wire type, or an entry that runs past ``end``."""
+    key, pos = read_varint(view, pos, end)
+    wire_type = key & 7
+    value_start = pos
+    if wire_type == 2:
+        length, value_start = read_varint(view, pos, end)
+        pos = value_start + length
+    elif wire_type == 0:
+        _, pos = read_varint(view, pos, end)
+    elif wire_type == 1:
+        pos += 8
+    elif wire_type == 5:
+        pos += 4
+    else:  # groups (3, 4) and invalid wire types
+        raise WireError
+    if pos > end:
+        raise WireError
+    return key, value_start, pos
 
 
 def read_varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:

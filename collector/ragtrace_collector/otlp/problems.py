@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from ragtrace_collector.otlp.piecewise import WireError, read_varint
+from ragtrace_collector.otlp.piecewise import WireError, read_entry
 
 __all__ = ["json_problem", "json_type", "protobuf_problem"]
 
@@ -210,28 +210,16 @@ def _protobuf_level(view: memoryview, start: int, end: int, level: int, path: st
     try:
         while pos < end:
             entry = pos
-            key, pos = read_varint(view, pos, end)
-            wire = key & 7
-            if wire == 0:
-                _, pos = read_varint(view, pos, end)
-            elif wire in (1, 5):
-                pos += 8 if wire == 1 else 4
-            elif wire == 2:
-                length, pos = read_varint(view, pos, end)
-                value_start, pos = pos, pos + length
-                if key >> 3 == number and pos <= end:
-                    where = f"{path}.{name}[{index}]" if path else f"{name}[{index}]"
-                    index += 1
-                    try:
-                        element.FromString(bytes(view[value_start:pos]))
-                    except DecodeError:
-                        if level + 1 < len(_LEVELS):
-                            return _protobuf_level(view, value_start, pos, level + 1, where)
-                        return f"{where}: malformed {element.__name__} (byte {value_start})"
-            else:
-                raise WireError
-            if pos > end:
-                raise WireError
+            key, value_start, pos = read_entry(view, pos, end)
+            if key >> 3 == number and key & 7 == 2:
+                where = f"{path}.{name}[{index}]" if path else f"{name}[{index}]"
+                index += 1
+                try:
+                    element.FromString(bytes(view[value_start:pos]))
+                except DecodeError:
+                    if level + 1 < len(_LEVELS):
+                        return _protobuf_level(view, value_start, pos, level + 1, where)
+                    return f"{where}: malformed {element.__name__} (byte {value_start})"
     except WireError:
         return f"{here}: a field is cut short or has an unknown wire type (byte {entry})"
     return f"{here}: malformed {owner} outside its {name} (byte {start})"
