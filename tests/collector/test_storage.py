@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -541,6 +542,15 @@ def test_a_full_disk_refuses_with_readiness_and_recovers_without_restart(
             answers.append((resp.status, resp.getheader("Retry-After")))
         conn.close()
         assert set(answers) == {(429, "2")}
+        with grpc.insecure_channel(collector.grpc_endpoint) as channel:
+            export = channel.unary_unary(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+            )
+            with pytest.raises(grpc.RpcError) as refused:
+                export(body, timeout=10)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        trailers = dict(refused.value.trailing_metadata() or ())
+        assert "google.rpc.retryinfo-bin" in trailers
         assert ops.half_writes >= 1
         assert collector.call(lambda: storage.status.value) == "permanent_error"
         for probe in ("healthz", "readyz"):
