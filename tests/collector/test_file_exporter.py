@@ -11,6 +11,7 @@ import asyncio
 import errno
 import json
 import os
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from ragtrace_collector.service.server import CollectorService
 from ragtrace_collector.service.telemetry import Telemetry
 from ragtrace_collector.storage.fileops import FileOps
 from ragtrace_collector.storage.spill import Outstanding, write_spill
+from tests.collector.harness import collector_config, running_collector, wait_for
 from tests.collector.otlp_data import make_request, rag_trace
 
 _FAST_RETRY = {"initial_interval": "10ms", "max_interval": "20ms"}
@@ -289,3 +291,74 @@ def test_the_line_is_json(tmp_path: Path) -> None:
     (line,) = _lines(path)
     span = json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
     assert len(span["traceId"]) == 32
+
+
+def _post(url: str, spans: list[Any]) -> None:
+    body = make_request(spans).SerializeToString()
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/x-protobuf"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200
+
+
+def _poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file exporter of the service fails to encode a span named ``poison``."""
+    encode = FileExporter._encode
+
+    def poisoned(self: FileExporter, groups: Any) -> bytes:
+        if any(s.name == "poison" for g in groups for s in g.spans):
+            raise ValueError("cannot encode")
+        return encode(self, groups)
+
+    monkeypatch.setattr(FileExporter, "_encode", poisoned)
+
+
+def _poison_and_good(url: str) -> tuple[list[bytes], list[bytes]]:
+    poison = rag_trace(children=2)
+    for span in poison:
+        span.name = "poison"
+    good = rag_trace(children=2)
+    _post(url, poison)
+    _post(url, good)
+    return [s.span_id for s in poison], [s.span_id for s in good]
+
+
+def test_an_unencodable_trace_is_spilled_at_shutdown_not_settled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, spill = tmp_path / "spans.jsonl", tmp_path / "spill.jsonl"
+    config = collector_config(
+        exporters={"f": {"type": "file", "path": str(out)}},
+        assembly={"decision_wait": 0},
+        shutdown={"spill_path": str(spill)},
+    )
+    _poisoned(monkeypatch)
+    with running_collector(config) as collector:
+        poison, good = _poison_and_good(collector.http_url)
+        wait_for(lambda: out.exists() and len(_ids_in(_lines(out))) == len(good))
+        collector.stop()
+        assert collector.svc.spans_undelivered == len(poison)  # exit code 3
+    assert _ids_in(_lines(out)) == good
+    assert sorted(_ids_in(_lines(spill))) == sorted(poison)
+
+
+def test_an_unencodable_trace_stays_in_the_log_and_goes_out_after_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "spans.jsonl"
+    config = collector_config(
+        exporters={"f": {"type": "file", "path": str(out)}},
+        assembly={"decision_wait": 0},
+        storage={"directory": str(tmp_path / "wal")},
+    )
+    with monkeypatch.context() as patch:
+        _poisoned(patch)
+        with running_collector(config) as collector:
+            poison, good = _poison_and_good(collector.http_url)
+            wait_for(lambda: out.exists() and len(_ids_in(_lines(out))) == len(good))
+    assert _ids_in(_lines(out)) == good
+    with running_collector(config):  # the bug fixed: the log still holds the trace
+        # At least once: a replay may send the good trace again, the poisoned one must come.
+        wait_for(lambda: set(poison) <= set(_ids_in(_lines(out))))
+    assert set(_ids_in(_lines(out))) == set(good + poison)
