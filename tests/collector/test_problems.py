@@ -100,3 +100,57 @@ def test_a_cut_short_binary_request_names_the_offset() -> None:
     body = make_request(rag_trace(children=2)).SerializeToString()
     assert "cut short" in protobuf_problem(body[:-5])
     assert "cut short" in protobuf_problem(b"\xff\xff\xff\xff")
+
+
+def _nodes(obj: object, path: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Every position in a decoded JSON document (paths of keys and indices)."""
+    found = [path]
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found += _nodes(value, (*path, key))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            found += _nodes(value, (*path, i))
+    return found
+
+
+def _replace(obj: object, path: tuple[object, ...], value: object) -> object:
+    if not path:
+        return value
+    parent = obj
+    for step in path[:-1]:
+        parent = parent[step]  # type: ignore[index]
+    parent[path[-1]] = value  # type: ignore[index]
+    return obj
+
+
+def test_any_value_of_the_wrong_type_is_described_without_its_content() -> None:
+    """Seeded mutations of a real request: every position, given a value of each JSON
+    type that holds the secret; whatever the parser refuses is described by a path."""
+    import random
+
+    rng = random.Random(7)
+    wrong: list[object] = [
+        SECRET,
+        {"x": SECRET},
+        [SECRET],
+        [{"k": SECRET}],
+        12.5,
+        -3,
+        True,
+        "1" * 30,
+    ]
+    base = encode_json(make_request(rag_trace(children=2)))
+    refused = 0
+    for path in _nodes(json.loads(base)):
+        for value in rng.sample(wrong, 3):
+            data = _replace(json.loads(base), path, value)
+            try:
+                decode_json_request(json.dumps(data).encode())
+            except OtlpDecodeError as exc:
+                refused += 1
+                message = str(exc)
+                assert "DO-NOT-ECHO" not in message, message
+                assert "1" * 30 not in message, message
+                assert "not an ExportTraceServiceRequest" not in message, (path, message)
+    assert refused > 50

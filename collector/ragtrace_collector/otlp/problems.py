@@ -156,9 +156,8 @@ def _integer(where: str, value: Any, bounds: tuple[int, int]) -> str | None:
     elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
         number = int(value)
     elif isinstance(value, str):
-        try:
-            number = int(value)
-        except ValueError:
+        number = _integral(value)
+        if number is None:
             return f"{where}: expected integer, got a string that is not an integer"
     if number is None:
         return _expected(where, "integer", value)
@@ -166,6 +165,19 @@ def _integer(where: str, value: Any, bounds: tuple[int, int]) -> str | None:
     if not low <= number <= high:
         return f"{where}: integer out of range [{low}, {high}]"
     return None
+
+
+def _integral(text: str) -> int | None:
+    """``text`` as an integer the way the JSON parser reads it ("7", "7.0", "7e0")."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return int(number) if math.isfinite(number) and number.is_integer() else None
 
 
 def _float(where: str, value: Any) -> str | None:
