@@ -23,7 +23,7 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import pytest
@@ -180,17 +180,27 @@ class FailingOps(FileOps):
     """Writes half of what it is given, then fails with ``ENOSPC`` (a disk filling up
     mid-write), while ``failing`` is set; ``sync_fails`` makes fdatasync fail with EIO."""
 
-    def __init__(self) -> None:
+    def __init__(self, fail_from_call: int = 0) -> None:
         self.failing = threading.Event()
         self.sync_fails = threading.Event()
         self.half_writes = 0
+        self.calls = 0
+        #: Set ``failing`` on this write call (0: only by hand).
+        self.fail_from_call = fail_from_call
 
     def write(self, fd: int, data: memoryview) -> int:
+        return self.writev(fd, [data])
+
+    def writev(self, fd: int, buffers: Sequence[bytes | memoryview]) -> int:
+        self.calls += 1
+        if self.calls == self.fail_from_call:
+            self.failing.set()
         if not self.failing.is_set():
-            return super().write(fd, data)
+            return super().writev(fd, buffers)
+        data = b"".join(buffers)
         if len(data) > 1:
             self.half_writes += 1
-            return super().write(fd, data[: len(data) // 2])
+            return super().write(fd, memoryview(data)[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
     def fdatasync(self, fd: int) -> None:
@@ -232,22 +242,9 @@ def test_a_failed_write_is_cut_back_and_opens_no_segment(tmp_path: Path) -> None
 def test_a_failure_after_a_rotation_keeps_what_was_synced(tmp_path: Path) -> None:
     """A batch that spans two segments and fails in the second: the records synced in
     the first are reported as placed; the rest is cut back; at most one new file."""
-    ops = FailingOps()
+    ops = FailingOps(fail_from_call=4)  # magic 1, run 1, magic 2, run 2: run 2 fails
     log = WriteAheadLog(tmp_path, segment_size=_SEGMENT, fsync="batch", file_ops=ops)
     log.open()
-    calls = 0
-    real_write = FileOps.write
-
-    def write(fd: int, data: memoryview) -> int:
-        nonlocal calls
-        calls += 1
-        if calls == 4:  # magic 1, run 1, magic 2, run 2: the second run fails
-            ops.failing.set()
-        return (
-            FailingOps.write(ops, fd, data) if ops.failing.is_set() else real_write(ops, fd, data)
-        )
-
-    ops.write = write  # type: ignore[method-assign]
     with pytest.raises(StorageError) as failed:
         log.append([(seq, bytes(20_000), KIND_REQUEST) for seq in range(1, 7)])
     assert [p.seq for p in failed.value.placed] == [1, 2, 3]
@@ -256,6 +253,30 @@ def test_a_failure_after_a_rotation_keeps_what_was_synced(tmp_path: Path) -> Non
     assert len(files) == 2
     assert files[1].stat().st_size == _MAGIC_LEN
     assert reread(tmp_path)[0] == [1, 2, 3]
+
+
+class ShortOps(FileOps):
+    """Takes at most 7,001 bytes per write: every write is short, none fails."""
+
+    def writev(self, fd: int, buffers: Sequence[bytes | memoryview]) -> int:
+        return super().write(fd, memoryview(b"".join(buffers))[:7001])
+
+
+def test_short_writes_are_continued_until_the_record_is_whole(tmp_path: Path) -> None:
+    log = WriteAheadLog(tmp_path, segment_size=_SEGMENT, fsync="batch", file_ops=ShortOps())
+    log.open()
+    records = [(seq, bytes([seq]) * (seq * 3000), KIND_REQUEST) for seq in range(1, 9)]
+    log.append(records[:3])
+    log.append(records[3:])
+    log.close()
+    reopened = WriteAheadLog(tmp_path, segment_size=_SEGMENT, fsync="never")
+    reopened.open()
+    got = [
+        (r.seq, r.payload, r.kind) for seg in list(reopened.segments) for r in reopened.records(seg)
+    ]
+    reopened.close()
+    assert got == records
+    assert reopened.skipped_records == 0
 
 
 # ------------------------------------------------------------------- fsync
@@ -267,6 +288,11 @@ class RecordingOps(FileOps):
 
     def write(self, fd: int, data: memoryview) -> int:
         written = super().write(fd, data)
+        self.events.append(("write", written))
+        return written
+
+    def writev(self, fd: int, buffers: Sequence[bytes | memoryview]) -> int:
+        written = super().writev(fd, buffers)
         self.events.append(("write", written))
         return written
 
@@ -455,9 +481,9 @@ class BlockingOps(FileOps):
         self.release = threading.Event()
         self.release.set()
 
-    def write(self, fd: int, data: memoryview) -> int:
+    def writev(self, fd: int, buffers: Sequence[bytes | memoryview]) -> int:
         self.release.wait(30)
-        return super().write(fd, data)
+        return super().writev(fd, buffers)
 
 
 def test_an_append_that_hangs_becomes_a_refusal(tmp_path: Path) -> None:

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import IO, Final, Literal, NamedTuple
 
 from ragtrace_collector.service.lazylog import LazyLogger
-from ragtrace_collector.storage.fileops import FileOps, write_all
+from ragtrace_collector.storage.fileops import FileOps, write_all, writev_all
 
 __all__ = [
     "KIND_REQUEST",
@@ -422,7 +422,7 @@ class WriteAheadLog:
         assert fd is not None
         start = segment.size
         try:
-            segment.size += write_all(self.file_ops, fd, b"".join(run))
+            segment.size += writev_all(self.file_ops, fd, run)
             self._sync(fd)
         except OSError:
             self._cut_back(start)
