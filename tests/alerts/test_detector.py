@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 import structlog
@@ -18,6 +17,7 @@ from ragtrace_collector.alerts import AlertsConfig, DropDetector, LogNotifier
 from ragtrace_collector.alerts.notifiers import AlertmanagerNotifier, WebhookNotifier
 from ragtrace_collector.service.component import ComponentHost, Status
 from ragtrace_collector.service.telemetry import Telemetry
+from tests.fakes.polling import eventually
 
 from ._support import Clock, Noise, RecordingNotifier, detector, drive, rule, simulate
 
@@ -464,14 +464,6 @@ class _BreakableClock(Clock):
         return self.t
 
 
-async def _until(predicate: Any) -> None:
-    for _ in range(1000):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("never happened")
-
-
 async def test_a_failing_evaluation_is_logged_counted_reported_and_survived() -> None:
     clock = _BreakableClock()
     telemetry = Telemetry()
@@ -483,9 +475,9 @@ async def test_a_failing_evaluation_is_logged_counted_reported_and_survived() ->
     with structlog.testing.capture_logs() as logs:
         task = asyncio.create_task(det.run(interval=0.01))
         try:
-            await _until(lambda: status.status is Status.OK)  # a first good evaluation
+            await eventually(lambda: status.status is Status.OK)  # a first good evaluation
             clock.broken = True
-            await _until(lambda: status.failures >= 2)
+            await eventually(lambda: status.failures >= 2)
             assert not task.done()  # the loop survived
             assert status.status is Status.RECOVERABLE_ERROR
             assert "clock went away" in (status.last_error or "")
@@ -498,7 +490,7 @@ async def test_a_failing_evaluation_is_logged_counted_reported_and_survived() ->
             assert failures is not None
             assert failures >= 2
             clock.broken = False
-            await _until(lambda: status.status is Status.OK)  # recovered
+            await eventually(lambda: status.status is Status.OK)  # recovered
             assert host.health(recoverable_grace=0.0).ok
         finally:
             task.cancel()
