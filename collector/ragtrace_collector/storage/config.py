@@ -27,4 +27,5 @@ class StorageConfig(BaseModel):
     #: ``always``: fsync each request before acknowledging it; ``batch``: one fsync per
     #: group of requests written together (group commit), still before acknowledging;
     #: ``never``: leave flushing to the OS (survives a process crash, not a power loss).
+    #: A ``file`` exporter syncs its lines by the same policy before their entry is released.
     fsync: Literal["never", "batch", "always"] = "batch"
