@@ -188,6 +188,8 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
         self._abandoned_spans = 0
         #: Spans of batches that could not be encoded (never settled).
         self._unencoded_spans = 0
+        #: Worker task -> work its current batch is settled after (see settle_after).
+        self._follow_ups: dict[asyncio.Task[Any] | None, list[asyncio.Future[Any]]] = {}
         self._nonempty = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -332,8 +334,12 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
                 self._inflight.add(b)
             self._inflight_spans += count
             try:
-                if await self._deliver([g for b in taken for g in b.groups], count):
+                delivered = await self._deliver([g for b in taken for g in b.groups], count)
+                follow = self._follow_ups.pop(asyncio.current_task(), None)
+                if delivered and follow is None:
                     self._settled(taken)
+                elif delivered and follow is not None:
+                    self._settle_after(follow, taken)
             except asyncio.CancelledError:
                 self._abandoned_spans += count
                 raise
@@ -343,6 +349,7 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
                 self._requeue(taken, count)
                 raise
             finally:
+                self._follow_ups.pop(asyncio.current_task(), None)
                 for b in taken:
                     self._inflight.discard(b)
                 self._inflight_spans -= count
@@ -436,6 +443,30 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
             detail="not delivered and not settled: kept in the write-ahead log, "
             "or spilled at shutdown (shutdown.spill_path)",
         )
+
+    def settle_after(self, work: asyncio.Future[Any]) -> None:
+        """Called from :meth:`_send`: the batch being sent is settled only once ``work``
+        (made from it, e.g. Phoenix annotations) has finished without an error and not
+        with the result ``False``; otherwise (a failure, a cancellation, work cut short
+        by a shutdown) the batch stays unsettled: kept in the write-ahead log and
+        replayed at the next start."""
+        self._follow_ups.setdefault(asyncio.current_task(), []).append(work)
+
+    def _settle_after(self, follow: list[asyncio.Future[Any]], batches: list[_Batch]) -> None:
+        left = len(follow)
+        failed = False
+
+        def done(fut: asyncio.Future[Any]) -> None:
+            nonlocal left, failed
+            left -= 1
+            failed = (
+                failed or fut.cancelled() or fut.exception() is not None or fut.result() is False
+            )
+            if left == 0 and not failed:
+                self._settled(batches)
+
+        for fut in follow:
+            fut.add_done_callback(done)
 
     def _settled(self, batches: list[_Batch]) -> None:
         done: list[SpanGroup] = []
