@@ -74,6 +74,41 @@ def test_a_deeply_nested_value_is_reported_not_raised() -> None:
     assert problem is not None
 
 
+def test_a_string_where_an_object_belongs_is_refused_not_taken_for_empty() -> None:
+    hex_ids = {"traceId": "0" * 31 + "1", "spanId": "0" * 15 + "1"}
+    attributes = [{"key": "a", "value": {"stringValue": "x"}}, {"key": "k", "value": SECRET}]
+    body = json.dumps(_request({**hex_ids, "attributes": attributes})).encode()
+    with pytest.raises(OtlpDecodeError) as err:
+        decode_json_request(body)
+    assert str(err.value) == (
+        "invalid OTLP/JSON: resourceSpans[0].scopeSpans[1].spans[1].attributes[1].value: "
+        "expected object, got string"
+    )
+
+
+def test_what_the_parser_accepts_loosely_is_still_accepted() -> None:
+    hex_ids = {"traceId": "0" * 31 + "1", "spanId": "0" * 15 + "1"}
+    span = {
+        **hex_ids,
+        "kind": "SPAN_KIND_SERVER",
+        "start_time_unix_nano": "1700000000000000000",
+        "endTimeUnixNano": 1.7e18,
+        "droppedAttributesCount": "2.0",
+        "attributes": [
+            {"key": "i", "value": {"intValue": "5"}},
+            {"key": "d", "value": {"doubleValue": "NaN"}},
+            {"key": "b", "value": {"bytesValue": "AAEC"}},
+            {"key": "n", "value": None},
+        ],
+        "futureField": {"anything": [1, "two"]},
+    }
+    request = decode_json_request(json.dumps(_request(span)).encode())
+    decoded = request.resource_spans[0].scope_spans[1].spans[1]
+    assert decoded.start_time_unix_nano == 1_700_000_000_000_000_000
+    assert decoded.dropped_attributes_count == 2
+    assert decoded.attributes[0].value.int_value == 5
+
+
 def test_decode_json_request_never_quotes_the_value() -> None:
     hex_ids = {"traceId": "0" * 31 + "1", "spanId": "0" * 15 + "1"}
     body = json.dumps(_request({**hex_ids, "startTimeUnixNano": SECRET})).encode()

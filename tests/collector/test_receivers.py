@@ -279,6 +279,22 @@ SECRET_JSON = [
         _json_with({**_IDS, "name": {"v": SECRET}}),
         f"{_SPAN_PATH}.name: expected string, got object",
     ),
+    (  # the parser alone would take this for an empty value: the attribute lost
+        _json_with(
+            {
+                **_IDS,
+                "attributes": [
+                    {"key": "a", "value": {"intValue": 1}},
+                    {"key": "k", "value": SECRET},
+                ],
+            }
+        ),
+        f"{_SPAN_PATH}.attributes[1].value: expected object, got string",
+    ),
+    (
+        _json_with({**_IDS}, {"attributes": [{"key": "k", "value": [SECRET]}]}),
+        "resourceSpans[0].resource.attributes[0].value: expected object, got array",
+    ),
     (_json_with({**_IDS, "traceId": SECRET}), f"{_SPAN_PATH}.traceId: expected a hex string"),
     (
         _json_with({**_IDS, "attributes": SECRET}),

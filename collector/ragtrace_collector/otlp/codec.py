@@ -258,14 +258,19 @@ def decode_json_request(body: bytes) -> ExportTraceServiceRequest:
     if not isinstance(data, dict):
         raise OtlpDecodeError("malformed JSON: the top level must be an object")
     _hex_ids_to_base64(data)
+    # Checked against the schema first: the parser would take a string where an object
+    # belongs for an empty message (an attribute's value silently lost), and its error
+    # messages quote the offending value.  See otlp.problems.
+    problem = json_problem(data)
+    if problem is not None:
+        raise OtlpDecodeError(f"invalid OTLP/JSON: {problem}")
     request = ExportTraceServiceRequest()
     try:
         json_format.ParseDict(data, request, ignore_unknown_fields=True)
     except (json_format.ParseError, ValueError, TypeError, AttributeError, RecursionError) as exc:
-        # The parser's message quotes the offending value: describe the problem by
-        # position and type instead (see otlp.problems).
-        problem = json_problem(data) or f"not an ExportTraceServiceRequest ({type(exc).__name__})"
-        raise OtlpDecodeError(f"invalid OTLP/JSON: {problem}") from None
+        raise OtlpDecodeError(
+            f"invalid OTLP/JSON: not an ExportTraceServiceRequest ({type(exc).__name__})"
+        ) from None
     return request
 
 
