@@ -458,6 +458,13 @@ class Pipeline:
 
         future.add_done_callback(done)
 
+    def _delivered(self, trace: AssembledTrace) -> bool:
+        """Whether every exporter delivered every group of ``trace`` before a restart."""
+        assert self._storage is not None
+        marks = self._storage.delivered
+        everyone = len(self.exporters)
+        return all(len(marks.get(g.wal_seq, ())) >= everyone for g in trace.groups)
+
     def _fan_out(self, groups: list[SpanGroup]) -> None:
         """Hand groups to every exporter, except those a replayed delivery mark says
         already have them."""
@@ -544,6 +551,8 @@ class Pipeline:
 
     # ------------------------------------------------------- processor hook
     def _dispatch(self, trace: AssembledTrace) -> None:
+        if self._storage is not None and self._storage.delivered and self._delivered(trace):
+            return  # replayed, but every exporter had it before the restart
         count = trace.span_count
         self._held[id(trace)] = (trace, count)
         self._held_spans += count

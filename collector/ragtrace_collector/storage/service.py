@@ -274,6 +274,8 @@ class Storage(Component):
         """Stop the writer (requests it holds are written first), checkpoint, unlock."""
         if self._closed or self._loop is None:
             return
+        if self._marks:
+            self._write_marks()  # delivery marks of this last loop round
         self._closed = True
         if self._stall_timer is not None:
             self._stall_timer.cancel()
@@ -493,6 +495,11 @@ class Storage(Component):
 
     def _release(self, seq: int, entry: list[int]) -> None:
         del self._entries[seq]
+        if self._entries and next(iter(self._entries)) < seq:
+            # Settled above the checkpoint (an older entry is still held): a restart
+            # would replay it, so every exporter gets a delivery mark for it.
+            for exporter in range(len(self._exporters)):
+                self._mark(exporter, seq)
         seg = self._segments.get(entry[1])
         if seg is not None:
             seg.unsettled -= 1
@@ -514,9 +521,8 @@ class Storage(Component):
         marks, self._marks = self._marks, {}
         still: dict[str, list[int]] = {}
         for exporter, seqs in marks.items():
-            live = [s for s in seqs if s in self._entries]
-            if live and exporter < len(self._exporters):
-                still[self._exporters[exporter]] = live
+            if seqs and exporter < len(self._exporters):
+                still[self._exporters[exporter]] = seqs
         if not still or self._closed:
             return
         try:
