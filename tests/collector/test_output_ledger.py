@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ragtrace_collector.otlp.codec import SpanGroup
+from ragtrace_collector.storage import service
 from ragtrace_collector.storage.config import StorageConfig
 from ragtrace_collector.storage.outputs import (
     KIND_DELIVERED,
@@ -92,11 +93,12 @@ async def test_an_exporter_that_delivered_is_not_sent_the_entry_again(tmp_path: 
 
 
 async def test_an_entry_settled_above_the_checkpoint_is_marked_for_every_exporter(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first entry stays (its backend is down); the second is delivered everywhere.
     The checkpoint cannot pass the first, so the second is replayed: its marks keep it
     from being sent again."""
+    monkeypatch.setattr(service, "_HELD_BACK", -1.0)  # the first counts as held back
     storage = await _open(tmp_path, ["a", "b"])
     first, second = await _write(storage, 2)
     storage.settle([_group(second)], 0)
@@ -108,6 +110,7 @@ async def test_an_entry_settled_above_the_checkpoint_is_marked_for_every_exporte
     kinds = await _replay(again)
     assert kinds[first] == kinds[second] == KIND_REQUEST
     assert again.delivered.get(second) == {0, 1}
+    assert again.settled == {second}
     assert first not in again.delivered
     assert await _unsettled(again, 1) == 1  # the first only
     await again.close()

@@ -22,12 +22,11 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 import ragtrace
 from ragtrace import semconv
 from ragtrace_collector.exporters.phoenix import PhoenixAnnotations, read_annotations
-from ragtrace_collector.otlp.codec import iter_spans
+from ragtrace_collector.otlp.codec import decode_protobuf_request, iter_spans
 from tests.collector.harness import wait_for
 from tests.e2e import _app
 from tests.e2e._support import (
@@ -39,8 +38,10 @@ from tests.e2e._support import (
     rag_spans,
     serve_config,
 )
+from tests.e2e.test_reliability import _questions, _send
 from tests.fakes.openai_server import RecordedRequest, Reply, auto_reply
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
+from tests.fakes.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -75,23 +76,6 @@ def _let_checkpoint_pass() -> None:
     early would then be past the checkpoint and not replayed, so each test fails if the
     ledger lets go of an entry before its outputs are delivered."""
     time.sleep(2.0)
-
-
-def _questions() -> list[str]:
-    questions = [f"crash {i}: how do I reset my password?" for i in range(TRACES)]
-    for q in questions:
-        _app.route(q, ["kb_reset", "kb_invoice"])
-    return questions
-
-
-def _send(endpoint: str, questions: list[str]) -> None:
-    ragtrace.configure(service_name="crash-bot", endpoint=endpoint)
-    for q in questions:
-        # The question is in the expected output, so every judge prompt names its case.
-        _app.answer(
-            q, {"expected_output": f"Open Settings. {q}", "reference_context_ids": ["kb_reset"]}
-        )
-    assert ragtrace.flush(30)
 
 
 def _case_of(span: ReceivedSpan) -> int:
@@ -131,7 +115,7 @@ def _run(
 ) -> tuple[list[str], ScriptedJudge, ScriptedJudge]:
     """Send the traces, crash once ``crash_when(judge)`` holds, restart, and return
     (questions, first run's judge, second run's judge)."""
-    questions = _questions()
+    questions = _questions(TRACES, "crash")
     wal = tmp_path / "wal"
     config = serve_config(
         sink,
@@ -146,7 +130,7 @@ def _run(
     (tmp_path / "run2").mkdir()
     serve = Serve(config, tmp_path / "run1", env=env)
     try:
-        _send(serve.http_url, questions)
+        _send(serve.http_url, questions)  # one trace per question, named in its prompts
         wait_for(lambda: crash_when(first), timeout=60, what="the state to crash in")
         _let_checkpoint_pass()
         serve.proc.send_signal(signal.SIGKILL)
@@ -276,10 +260,8 @@ class RestPhoenix:
 
     async def _handle(self, request: web.Request) -> web.Response:
         raw = await request.read()
-        if request.path == "/v1/traces":
-            parsed = trace_service_pb2.ExportTraceServiceRequest()
-            parsed.ParseFromString(raw)
-            self.spans.extend(iter_spans(parsed))
+        if request.path == "/v1/traces":  # (compression: none)
+            self.spans.extend(iter_spans(decode_protobuf_request(raw)))
             return web.Response(status=200)
         kind = request.path.removeprefix("/v1/").removesuffix("_annotations")
         self.attempts += 1
@@ -293,9 +275,8 @@ class RestPhoenix:
         app.router.add_post("/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
         self.url = f"http://127.0.0.1:{port}"
 
     def __enter__(self) -> RestPhoenix:

@@ -458,12 +458,11 @@ class Pipeline:
 
         future.add_done_callback(done)
 
-    def _delivered(self, trace: AssembledTrace) -> bool:
-        """Whether every exporter delivered every group of ``trace`` before a restart."""
+    def _settled_before(self, trace: AssembledTrace) -> bool:
+        """Whether every group of ``trace`` came from an entry settled before a restart."""
         assert self._storage is not None
-        marks = self._storage.delivered
-        everyone = len(self.exporters)
-        return all(len(marks.get(g.wal_seq, ())) >= everyone for g in trace.groups)
+        settled = self._storage.settled
+        return all(g.wal_seq in settled for g in trace.groups)
 
     def _fan_out(self, groups: list[SpanGroup]) -> None:
         """Hand groups to every exporter, except those a replayed delivery mark says
@@ -551,8 +550,8 @@ class Pipeline:
 
     # ------------------------------------------------------- processor hook
     def _dispatch(self, trace: AssembledTrace) -> None:
-        if self._storage is not None and self._storage.delivered and self._delivered(trace):
-            return  # replayed, but every exporter had it before the restart
+        if self._storage is not None and self._storage.settled and self._settled_before(trace):
+            return  # replayed, but delivered (outputs included) before the restart
         count = trace.span_count
         self._held[id(trace)] = (trace, count)
         self._held_spans += count

@@ -11,7 +11,9 @@ it later lives in two more kinds of record:
   instead of being evaluated again.  An output record stays in the log while any of
   its sources does.
 * ``KIND_DELIVERED``: which entries one exporter has delivered while others (or a
-  pending output) still hold them, so that a replay does not send them to it again.
+  pending output) still hold them, so that a replay does not send them to it again;
+  and which entries were settled while an older one held the checkpoint back, so that
+  a replay neither sends nor evaluates them again.
 
 :class:`OutputLedger` is what the pipeline hands the trace processor (see
 :meth:`OutputLedger.hold`, :meth:`OutputLedger.results`, :meth:`OutputLedger.logged`).
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "KIND_DELIVERED",
     "KIND_OUTPUT",
+    "SETTLED_MARK",
     "Hold",
     "Logged",
     "OutputLedger",
@@ -46,8 +49,12 @@ __all__ = [
 
 #: Spans made from logged requests, with the requests' sequence numbers.
 KIND_OUTPUT: Final = 2
-#: Entries delivered to one exporter (JSON: exporter name -> sequence numbers).
+#: Entries delivered to one exporter (JSON: exporter name -> sequence numbers), or
+#: settled altogether (under :data:`SETTLED_MARK`).
 KIND_DELIVERED: Final = 3
+#: The key of settled entries in a ``KIND_DELIVERED`` record (not an exporter name:
+#: those are identifiers).
+SETTLED_MARK: Final = "*"
 
 _COUNT: Final = struct.Struct("<I")
 _SEQ: Final = struct.Struct("<Q")

@@ -61,7 +61,12 @@ from ragtrace_collector.otlp.codec import SpanGroup
 from ragtrace_collector.service.component import Component, Status
 from ragtrace_collector.service.logs import get_logger
 from ragtrace_collector.storage.config import StorageConfig
-from ragtrace_collector.storage.outputs import KIND_DELIVERED, decode_marks, encode_marks
+from ragtrace_collector.storage.outputs import (
+    KIND_DELIVERED,
+    SETTLED_MARK,
+    decode_marks,
+    encode_marks,
+)
 from ragtrace_collector.storage.wal import (
     KIND_REQUEST,
     FileOps,
@@ -83,6 +88,11 @@ _EMPTY_SEGMENT: Final = 8
 #: The writer takes at most this many payload bytes into one group commit.
 _GROUP_BYTES: Final = 16 * 1024 * 1024
 _CHECKPOINT_EVERY: Final = 0.5
+#: An entry settled while an older one has been held this long gets delivery marks
+#: (out-of-order settling over a shorter time is passed by the checkpoint anyway).
+_HELD_BACK: Final = 2 * _CHECKPOINT_EVERY
+#: The exporter number of a "settled" mark (every exporter, every output: done).
+_SETTLED: Final = -1
 #: A request not written within this many seconds is refused (the client retries).
 APPEND_TIMEOUT: Final = 10.0
 #: After a failed write, the disk is probed this often, with at most this many bytes.
@@ -167,6 +177,11 @@ class Storage(Component):
         self._marks: dict[int, list[int]] = {}
         #: Replay: exporter numbers that had delivered an entry before the restart.
         self.delivered: dict[int, set[int]] = {}
+        #: Replay: entries settled before the restart (outputs included).
+        self.settled: set[int] = set()
+        #: The oldest unsettled entry, and since when it is the oldest (loop time).
+        self._oldest = 0
+        self._oldest_since = 0.0
         self._segments: dict[int, _Seg] = {}
         self._active: int | None = None
         self._disk_bytes = 0
@@ -435,6 +450,8 @@ class Storage(Component):
             entry += [groups] * n
             self._entries[seq] = entry
             self._segments[segment_first].unsettled += 1
+            if len(self._entries) == 1:
+                self._oldest, self._oldest_since = seq, self._now()
             for source in live:
                 self._dependents.setdefault(source, []).append(seq)
         self._update_watermark()
@@ -495,11 +512,15 @@ class Storage(Component):
 
     def _release(self, seq: int, entry: list[int]) -> None:
         del self._entries[seq]
-        if self._entries and next(iter(self._entries)) < seq:
-            # Settled above the checkpoint (an older entry is still held): a restart
-            # would replay it, so every exporter gets a delivery mark for it.
-            for exporter in range(len(self._exporters)):
-                self._mark(exporter, seq)
+        if self._entries:
+            if seq == self._oldest:
+                self._oldest = next(iter(self._entries))
+                self._oldest_since = self._now()
+            elif seq > self._oldest and self._now() - self._oldest_since > _HELD_BACK:
+                # Settled above the checkpoint, which an older entry has held back for
+                # a while (a backend down, an output awaited): a restart would replay
+                # this one, so it gets a mark: done, outputs included.
+                self._mark(_SETTLED, seq)
         seg = self._segments.get(entry[1])
         if seg is not None:
             seg.unsettled -= 1
@@ -509,6 +530,9 @@ class Storage(Component):
             outputs = self._dependents.pop(seq, None)
             if outputs:
                 self.unpin(outputs)
+
+    def _now(self) -> float:
+        return self._loop.time() if self._loop is not None else 0.0
 
     def _mark(self, exporter: int, seq: int) -> None:
         if not self._marks and self._loop is not None:
@@ -521,7 +545,9 @@ class Storage(Component):
         marks, self._marks = self._marks, {}
         still: dict[str, list[int]] = {}
         for exporter, seqs in marks.items():
-            if seqs and exporter < len(self._exporters):
+            if exporter == _SETTLED:
+                still[SETTLED_MARK] = seqs
+            elif seqs and exporter < len(self._exporters):
                 still[self._exporters[exporter]] = seqs
         if not still or self._closed:
             return
@@ -597,8 +623,18 @@ class Storage(Component):
         """A replayed ``KIND_DELIVERED`` record: those exporters no longer hold those
         entries, and :attr:`delivered` tells the pipeline not to send them again."""
         numbers = {name: i for i, name in enumerate(self._exporters)}
+        everyone = set(range(len(self._exporters)))
         touched = False
         for name, seqs in decode_marks(payload).items():
+            if name == SETTLED_MARK:
+                for seq in seqs:
+                    self.settled.add(seq)
+                    self.delivered[seq] = everyone
+                    entry = self._entries.get(seq)
+                    if entry is not None:
+                        self._release(seq, entry)
+                        touched = True
+                continue
             exporter = numbers.get(name)
             if exporter is None:
                 continue  # an exporter no longer configured
