@@ -537,6 +537,10 @@ class Pipeline:
         # Carrier spans from the log go out once every delivery mark is known.
         for group in carriers:
             self._fan_out([group])
+        if self.ledger is not None and self.ledger.replayed_results and self._loop is not None:
+            # Every replayed trace reaches the processor within max_trace_wait.
+            wait = self._assembly_config.max_trace_wait
+            self._loop.call_later(2 * wait + 1.0, self.ledger.forget)
         if entries or bad or outputs:
             self._log.info(
                 "replay_done",

@@ -207,6 +207,11 @@ class OutputLedger:
             return None
         return self._logged.pop((trace_id, span_id), None)
 
+    def forget(self) -> None:
+        """Drop what was found at start and not asked for (its traces were settled
+        before the restart, or have been evaluated since)."""
+        self._logged.clear()
+
     # The pipeline's side, during replay.
     def found(self, groups: list[SpanGroup], is_carrier: Callable[[Span], bool]) -> list[SpanGroup]:
         """Index the spans of a replayed output record; return its carrier spans (to
