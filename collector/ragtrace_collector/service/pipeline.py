@@ -56,11 +56,24 @@ Receivers hand requests in with :meth:`Pipeline.accept`.  With a write-ahead log
 synced before ``accept`` returns, so an acknowledged request survives a crash; the log
 is also full at ``storage.max_size``, another reason for refusal (``storage_full``).
 Every span group carries the sequence number of its log entry (``SpanGroup.wal_seq``);
-each exporter reports the groups it is done with (``Exporter.on_settled``), and an
-entry is removed once every exporter has settled every group of it.  At start,
-:meth:`Pipeline.replay` feeds what the log still holds through assembly and the
-processor, before the receivers listen: replayed traces are evaluated again when
-sampling picks them (the decision is a hash, so the same ones are picked).
+each exporter reports the groups it is done with (``Exporter.on_settled``, numbered
+per exporter), and an entry is removed once every exporter has settled every group of
+it and every output made from it is logged (the *ledger of outputs*,
+:mod:`ragtrace_collector.storage.outputs`):
+
+* a processor with a ``use_ledger(ledger)`` method gets an
+  :class:`~ragtrace_collector.storage.outputs.OutputLedger` at start.  Before it
+  forwards a trace whose results will follow, it takes ``ledger.hold(trace)``, forwards
+  those results through ``hold.forward(carrier_trace)`` and then calls
+  ``hold.release()``: the trace's entries stay until the outputs are logged.  A trace
+  the processor made and forwards without a hold is logged too (with no sources).
+  Results written on a span are logged with ``ledger.results(trace, spans)`` before the
+  trace is forwarded;
+* at start, :meth:`Pipeline.replay` feeds what the log still holds through assembly and
+  the processor, before the receivers listen; carrier spans in output records are
+  delivered from the log, delivery marks keep entries from exporters that had them,
+  and ``ledger.logged(trace_id, span_id)`` hands the processor the results the log held
+  for a span, so that it does not compute them again.
 
 Without a log, ``track_undelivered`` keeps the groups not yet settled, so that a
 shutdown can spill what the deadline cut off (:meth:`Pipeline.undelivered`).

@@ -7,9 +7,14 @@
   event loop, each entry is counted in the ledger and handed to the assembler, and
   the receivers' futures resolve.  No file I/O runs on the event loop.
 * **Settle, then truncate.**  Each entry has a count of references: one per span group
-  (spans of one trace from one request) per exporter.  Every exporter reports the
+  (spans of one trace from one request) per exporter, one per pin (an output still to
+  come, :meth:`Storage.pin`), and, for an output record, one per entry it was made
+  from that is still held (:meth:`Storage.outputs_of`).  Every exporter reports the
   groups it is done with (delivered, or given up for good) through
-  :meth:`Storage.settle`; an entry whose count reaches zero is settled.  A segment
+  :meth:`Storage.settle`; an entry whose count reaches zero is settled.  An exporter
+  that has finished an entry others still hold, or an entry settled while an older one
+  holds the checkpoint back, leaves a delivery mark in the log (see
+  :mod:`.outputs`).  A segment
   whose entries are all settled is deleted (the active one is closed first, when the
   log is full).  A checkpoint (the lowest unsettled sequence number) is written about
   twice a second, so a restart replays little that was already delivered.  It never
