@@ -42,6 +42,14 @@ metric still running at ``trace_timeout`` is written as ``.error = "timeout"`` a
 trace goes on; ``late_results: carrier`` lets such a metric finish and sends its
 result on a carrier span instead.
 
+With a write-ahead log (``storage.directory``) the pipeline hands the evaluator its
+ledger of outputs (:meth:`OnlineEvaluator.use_ledger`): a trace whose results follow
+it (carrier, late results) keeps its log entries until the carrier is logged; results
+written on a span are logged before the trace is forwarded; and at a replay, a case
+whose results the log held gets them back, only the metrics without a logged result
+are computed, and those follow on a carrier (the trace may have reached an exporter
+already).
+
 When the session store fails (Redis down, hung or refusing), the case metrics run and
 are written as usual; each conversation metric gets ``.error = "session store
 unavailable"`` with the store's error as its reason.  After the store recovers, a
