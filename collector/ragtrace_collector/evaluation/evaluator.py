@@ -568,8 +568,14 @@ class OnlineEvaluator(Component):
                 self._forward_carrier(
                     job, partial.built, partial.results, self._summary(job, partial, latency_ms)
                 )
-        finally:
+        except asyncio.CancelledError:
+            # Cut short (shutdown): the hold stays, so the trace's entries stay in the
+            # log and the next start computes these results.
+            raise
+        except Exception:
             job.release()
+            raise
+        job.release()
 
     def _forward_carrier(
         self, job: _Job, built: BuiltCase, results: list[MetricResult], summary: EvalSummary
