@@ -34,6 +34,7 @@ from ragtrace_collector.service.telemetry import Telemetry
 from ragtrace_collector.storage import Storage, StorageConfig
 from ragtrace_collector.storage.wal import (
     KIND_REQUEST,
+    AppendTimeout,
     FileOps,
     StorageError,
     WriteAheadLog,
@@ -500,7 +501,7 @@ def test_an_append_that_hangs_becomes_a_refusal(tmp_path: Path) -> None:
         await storage.start()
         ops.release.clear()
         future = storage.append(b"x" * 1000, tag=lambda seq: 0, admit=lambda: admitted.append(1))
-        with pytest.raises(StorageError, match="did not complete within"):
+        with pytest.raises(AppendTimeout, match="did not complete within"):
             await future
         refused = storage.refusal()
         assert refused is not None

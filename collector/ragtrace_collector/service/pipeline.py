@@ -116,7 +116,7 @@ from ragtrace_collector.storage.outputs import (
 )
 from ragtrace_collector.storage.service import Storage
 from ragtrace_collector.storage.spill import Outstanding
-from ragtrace_collector.storage.wal import KIND_REQUEST, Record, StorageError
+from ragtrace_collector.storage.wal import KIND_REQUEST, AppendTimeout, Record, StorageError
 
 __all__ = [
     "AssembledTrace",
@@ -455,7 +455,7 @@ class Pipeline:
             if fut.cancelled() or fut.exception() is None:
                 return
             error = fut.exception()
-            if "did not complete within" in str(error):
+            if isinstance(error, AppendTimeout):
                 return  # still being written: admitted once it is
             self._log.warning("output_log_retrying", error=str(error), retry_in=delay)
             if self._loop is not None:

@@ -74,6 +74,7 @@ from ragtrace_collector.storage.outputs import (
 )
 from ragtrace_collector.storage.wal import (
     KIND_REQUEST,
+    AppendTimeout,
     FileOps,
     Placed,
     Record,
@@ -358,7 +359,7 @@ class Storage(Component):
             if not item.future.done():
                 expired += 1
                 item.future.set_exception(
-                    StorageError(
+                    AppendTimeout(
                         f"the write did not complete within {self._append_timeout:g}s; retry later"
                     )
                 )

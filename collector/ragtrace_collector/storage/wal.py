@@ -115,6 +115,11 @@ class StorageLocked(StorageError):
     """Another process holds the directory."""
 
 
+class AppendTimeout(StorageError):
+    """A write did not complete within the append timeout.  It may still complete: the
+    request is answered as refused (the client retries), but the record can land."""
+
+
 class Record(NamedTuple):
     """One record read back: its sequence number, kind and payload."""
 
