@@ -9,13 +9,17 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from pathlib import Path
 
 import pytest
+import structlog
 
 from ragtrace_collector.alerts import AlertEvent, AlertsConfig, DropDetector, LogNotifier
 from ragtrace_collector.alerts.notifiers import AlertmanagerNotifier, WebhookNotifier
 from ragtrace_collector.evaluation.segments import SegmentKey
+from ragtrace_collector.service.component import ComponentHost, Status
 from ragtrace_collector.service.telemetry import Telemetry
+from tests.fakes.polling import eventually
 
 from ._support import (
     Clock,
@@ -458,6 +462,71 @@ async def test_run_evaluates_periodically_until_cancelled() -> None:
     await det.aclose()
     await det.aclose()  # idempotent
     assert rec.closed
+
+
+class _BreakableClock(Clock):
+    """A clock that raises while ``broken``: an evaluation then fails unexpectedly."""
+
+    broken = False
+
+    def __call__(self) -> float:
+        if self.broken:
+            raise RuntimeError("clock went away")
+        return self.t
+
+
+async def test_a_failing_evaluation_is_logged_counted_reported_and_survived() -> None:
+    clock = _BreakableClock()
+    telemetry = Telemetry()
+    host = ComponentHost(telemetry)
+    det = detector([rule(baseline=0.9, **{"for": 0})], clock=clock)
+    status = det.component
+    host.register(status)
+    assert status.component_name == "alerts:detector"
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(det.run(interval=0.01))
+        try:
+            await eventually(lambda: status.status is Status.OK)  # a first good evaluation
+            clock.broken = True
+            await eventually(lambda: status.failures >= 2)
+            assert not task.done()  # the loop survived
+            assert status.status is Status.RECOVERABLE_ERROR
+            assert "clock went away" in (status.last_error or "")
+            report = host.health(recoverable_grace=0.0, now=status.status_event.since + 1)
+            assert not report.ok
+            assert "alerts:detector" in report.reason
+            failures = telemetry.registry.get_sample_value(
+                "ragtrace_component_failures_total", {"component": "alerts:detector"}
+            )
+            assert failures is not None
+            assert failures >= 2
+            clock.broken = False
+            await eventually(lambda: status.status is Status.OK)  # recovered
+            assert host.health(recoverable_grace=0.0).ok
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    failed = [e for e in logs if e["event"] == "alert_evaluation_failed"]
+    assert len(failed) >= 2
+    await det.aclose()
+    assert status.status is Status.STOPPED
+
+
+def test_the_service_registers_the_detector_as_a_component(tmp_path: Path) -> None:
+    from ragtrace_collector.config import parse_config
+    from ragtrace_collector.service.server import CollectorService
+
+    data = {
+        "exporters": {"f": {"type": "file", "path": str(tmp_path / "s.jsonl")}},
+        "judge": {"model": "offline"},
+        "metrics": {"id_context_recall": {}},
+        "alerts": {"rules": [rule(metric="id_context_recall")]},
+    }
+    service = CollectorService(parse_config(data, env={}))
+    assert service.stage is not None
+    assert service.stage.detector is not None
+    assert service.host.components["alerts:detector"] is service.stage.detector.component
 
 
 # ---------------------------------------------------------------------- memory

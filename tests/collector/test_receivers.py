@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import subprocess
@@ -193,9 +194,9 @@ def test_http_gzip_body_is_accepted(collector: CollectorThread, sink: OtlpSink) 
             JS,
             b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}',
             400,
-            "not a hex string",
+            "traceId: expected a hex string, got a string of 2 characters that is not hex",
         ),
-        (JS, b'{"resourceSpans": 5}', 400, "invalid OTLP/JSON"),
+        (JS, b'{"resourceSpans": 5}', 400, "resourceSpans: expected array, got number"),
         (JS, b"[1, 2]", 400, "top level must be an object"),
         ({**PB, "Content-Encoding": "gzip"}, b"not gzip at all", 400, "invalid gzip body"),
         # mtime=0: the same bytes, hence the same test id, in every xdist worker
@@ -240,6 +241,138 @@ def test_http_bad_input_gets_the_otlp_status_and_a_clear_message(
     # The service keeps serving.
     ok, _, _ = post(collector.http_url, make_request(rag_trace()).SerializeToString(), PB)
     assert ok == 200
+
+
+#: A value that must never come back in an answer or reach a log line.
+SECRET = "sk-live-DO-NOT-ECHO-4242"
+_IDS = {"traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174"}
+
+
+def _json_with(span: dict[str, object], resource: dict[str, object] | None = None) -> bytes:
+    rs: dict[str, object] = {"scopeSpans": [{"spans": [{"name": "ok", **_IDS}, span]}]}
+    if resource is not None:
+        rs["resource"] = resource
+    return json.dumps({"resourceSpans": [rs]}).encode()
+
+
+def _protobuf_with_a_bad_span() -> bytes:
+    """A request whose second span's name holds the secret behind an invalid UTF-8 byte."""
+    spans = rag_trace(children=1)
+    spans[1].name = "#" + SECRET
+    body = make_request(spans).SerializeToString()
+    return body.replace(b"#" + SECRET.encode(), b"\xff" + SECRET.encode())
+
+
+_SPAN_PATH = "resourceSpans[0].scopeSpans[0].spans[1]"
+
+#: (body, what the answer must say) for JSON requests that carry the secret.
+SECRET_JSON = [
+    (
+        _json_with({**_IDS, "attributes": [{"key": "k", "value": {"intValue": SECRET}}]}),
+        f"{_SPAN_PATH}.attributes[0].value.intValue: expected integer, got a string",
+    ),
+    (
+        _json_with({**_IDS, "attributes": [{"key": SECRET, "value": {"stringValue": 7}}]}),
+        f"{_SPAN_PATH}.attributes[0].value.stringValue: expected string, got number",
+    ),
+    (
+        _json_with({**_IDS, "name": {"v": SECRET}}),
+        f"{_SPAN_PATH}.name: expected string, got object",
+    ),
+    (  # the parser alone would take this for an empty value: the attribute lost
+        _json_with(
+            {
+                **_IDS,
+                "attributes": [
+                    {"key": "a", "value": {"intValue": 1}},
+                    {"key": "k", "value": SECRET},
+                ],
+            }
+        ),
+        f"{_SPAN_PATH}.attributes[1].value: expected object, got string",
+    ),
+    (
+        _json_with({**_IDS}, {"attributes": [{"key": "k", "value": [SECRET]}]}),
+        "resourceSpans[0].resource.attributes[0].value: expected object, got array",
+    ),
+    (_json_with({**_IDS, "traceId": SECRET}), f"{_SPAN_PATH}.traceId: expected a hex string"),
+    (
+        _json_with({**_IDS, "attributes": SECRET}),
+        f"{_SPAN_PATH}.attributes: expected array, got string",
+    ),
+    (
+        _json_with({**_IDS}, {"attributes": [{"key": "k", "value": {"doubleValue": SECRET}}]}),
+        "resourceSpans[0].resource.attributes[0].value.doubleValue: expected number",
+    ),
+    (
+        _json_with({**_IDS, "startTimeUnixNano": SECRET}),
+        f"{_SPAN_PATH}.startTimeUnixNano: expected integer",
+    ),
+    (json.dumps({"resourceSpans": SECRET}).encode(), "resourceSpans: expected array, got string"),
+    (b'{"resourceSpans": ["' + SECRET.encode() + b'" oops', "malformed JSON at line 1"),
+]
+
+
+def _assert_not_echoed(answer: str | bytes, capfd: pytest.CaptureFixture[str]) -> None:
+    text = answer if isinstance(answer, str) else answer.decode("utf-8", "replace")
+    assert "DO-NOT-ECHO" not in text, text
+    out, err = capfd.readouterr()
+    assert "DO-NOT-ECHO" not in out + err, "the secret reached the logs"
+    assert "request_rejected" in out + err  # the logs were captured
+
+
+@pytest.mark.parametrize(("body", "want"), SECRET_JSON)
+def test_a_malformed_json_request_is_described_by_position_never_by_value(
+    collector: CollectorThread, capfd: pytest.CaptureFixture[str], body: bytes, want: str
+) -> None:
+    capfd.readouterr()
+    status, headers, answer = post(collector.http_url, body, JS)
+    assert status == 400
+    message = status_of(answer, headers["Content-Type"]).message
+    assert want in message
+    _assert_not_echoed(answer, capfd)
+
+
+def test_a_malformed_protobuf_request_is_described_by_position_never_by_value(
+    collector: CollectorThread, capfd: pytest.CaptureFixture[str]
+) -> None:
+    body = _protobuf_with_a_bad_span()
+    capfd.readouterr()
+    status, headers, answer = post(collector.http_url, body, PB)
+    assert status == 400
+    message = status_of(answer, headers["Content-Type"]).message
+    assert f"{_SPAN_PATH}: malformed Span (byte " in message
+    _assert_not_echoed(answer, capfd)
+    with pytest.raises(grpc.RpcError) as err:
+        _grpc_call(collector, body)
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert f"{_SPAN_PATH}: malformed Span" in err.value.details()
+    _assert_not_echoed(err.value.details(), capfd)
+    cut = make_request(rag_trace(children=1)).SerializeToString()[:-3]
+    with pytest.raises(grpc.RpcError) as err:
+        _grpc_call(collector, cut)
+    assert "cut short" in err.value.details()
+
+
+def test_the_json_worker_process_does_not_echo_either() -> None:
+    from ragtrace_collector.otlp.codec import OtlpDecodeError
+    from ragtrace_collector.receivers.decode import InflateBudget
+    from ragtrace_collector.receivers.jsonworker import JsonWorker
+
+    async def decode(body: bytes) -> str:
+        worker = JsonWorker(time_limit=30)
+        try:
+            await worker.to_protobuf(body, encoding="identity", budget=InflateBudget(1 << 20))
+        except OtlpDecodeError as exc:
+            return str(exc)
+        finally:
+            await worker.aclose()
+        raise AssertionError("decoded")
+
+    body, want = SECRET_JSON[0]
+    message = asyncio.run(decode(body))
+    assert want in message
+    assert "DO-NOT-ECHO" not in message
 
 
 def test_http_partial_success_for_spans_with_bad_ids(

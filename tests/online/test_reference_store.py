@@ -20,6 +20,7 @@ from ragtrace_collector.stores.reference import (
     ReferenceStoreError,
     normalize_input,
 )
+from tests.fakes.polling import eventually
 
 ROWS: list[dict[str, Any]] = [
     {
@@ -357,15 +358,6 @@ def test_poll_checks_stat_then_hash_and_logs_a_broken_file_once(tmp_path: Path) 
     assert store.lookup("who wrote hamlet") is None
 
 
-async def _wait_for(predicate: Any) -> None:
-    """Poll ``predicate`` (the store offers no change event) for up to 15 s."""
-    for _ in range(750):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not met within 15 s")
-
-
 def _failed(logs: list[dict[str, Any]]) -> bool:
     return any(e["event"] == "reference_store.reload_failed" for e in logs)
 
@@ -379,7 +371,7 @@ async def test_background_poll_reloads_and_survives_a_broken_file(tmp_path: Path
         with capture_logs() as logs:
             path.write_text("- not json\n", encoding="utf-8")
             _bump_mtime(path, 3)
-            await _wait_for(
+            await eventually(
                 lambda: any(e["event"] == "reference_store.reload_failed" for e in logs)
             )
         assert store.version == 1
@@ -387,7 +379,7 @@ async def test_background_poll_reloads_and_survives_a_broken_file(tmp_path: Path
 
         _write_jsonl(path, [{"input": "fresh", "expected_outcome": "done"}])
         _bump_mtime(path, 6)
-        await _wait_for(lambda: store.lookup("Fresh") is not None)
+        await eventually(lambda: store.lookup("Fresh") is not None)
         assert store.version == 2
         assert store.lookup("who wrote hamlet") is None
     finally:
@@ -439,11 +431,11 @@ async def test_a_missing_file_is_a_status_and_loads_when_it_appears(tmp_path: Pa
         # A broken file is still an error status, with the old (empty) index served.
         path.parent.mkdir()
         path.write_text("- not json\n", encoding="utf-8")
-        await _wait_for(lambda: "refs.jsonl:1" in (store.last_error or ""))
+        await eventually(lambda: "refs.jsonl:1" in (store.last_error or ""))
         assert _status_of(store) is Status.RECOVERABLE_ERROR
         _write_jsonl(path, ROWS)
         _bump_mtime(path, 3)
-        await _wait_for(lambda: _status_of(store) is Status.OK)
+        await eventually(lambda: _status_of(store) is Status.OK)
         assert store.lookup("who wrote hamlet") is not None
         gauge = telemetry.registry.get_sample_value(
             "ragtrace_component_status", {"component": "reference_store", "status": "ok"}
@@ -451,8 +443,34 @@ async def test_a_missing_file_is_a_status_and_loads_when_it_appears(tmp_path: Pa
         assert gauge == 1
         # Deleted again: a status, the loaded version keeps serving.
         path.unlink()
-        await _wait_for(lambda: _status_of(store) is Status.RECOVERABLE_ERROR)
+        await eventually(lambda: _status_of(store) is Status.RECOVERABLE_ERROR)
         assert store.lookup("who wrote hamlet") is not None
     finally:
         await store.aclose()
     assert _status_of(store) is Status.STOPPED
+
+
+def test_a_fix_written_while_a_broken_file_is_read_is_still_picked_up(tmp_path: Path) -> None:
+    """The poll reads the broken content, the fixed file lands before the poll records
+    what it saw: the next poll must still see a change (it used to stat again after
+    the failure and take the fixed file's signature for the broken one's)."""
+    path = _write_jsonl(tmp_path / "refs.jsonl", ROWS)
+    store = _store(path, reload_interval=0)
+    assert store.version == 1
+    path.write_text("- not json\n", encoding="utf-8")
+    _bump_mtime(path, 3)
+    read = store._read
+
+    def read_then_fixed() -> bytes:
+        data = read()
+        _write_jsonl(path, ROWS[:1])  # the operator's fix, written during the poll
+        _bump_mtime(path, 6)
+        return data
+
+    store._read = read_then_fixed  # type: ignore[method-assign]
+    with capture_logs():
+        assert store.poll() is False  # the broken content: refused, old version serves
+    store._read = read  # type: ignore[method-assign]
+    assert store.poll() is True  # the fix is seen
+    assert store.version == 2
+    assert len(store) == 1

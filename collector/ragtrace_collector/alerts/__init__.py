@@ -6,7 +6,8 @@ Public surface::
 
     detector = DropDetector.from_config(AlertsConfig.model_validate(raw["alerts"]), telemetry)
     detector.observe(service, metric, result.score, trace_id)   # every result; None is ignored
-    task = asyncio.create_task(detector.run())                  # periodic evaluation
+    host.register(detector.component)                           # alerts:detector, for /healthz
+    task = supervisor.spawn(detector.component, detector.run, name="alerts-detector")
     ...
     task.cancel(); await detector.aclose()
 

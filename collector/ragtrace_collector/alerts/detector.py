@@ -102,7 +102,7 @@ from ragtrace_collector.evaluation.segments import UNSET, SegmentKey
 from ragtrace_collector.service.component import Component, Status
 from ragtrace_collector.service.telemetry import Telemetry
 
-__all__ = ["DropDetector", "RuleStatus"]
+__all__ = ["DetectorStatus", "DropDetector", "RuleStatus"]
 
 _log = structlog.get_logger("ragtrace.alerts")
 
@@ -238,13 +238,34 @@ class _RuleRuntime:
         return dict(zip(self.keys, values, strict=True))
 
 
+class DetectorStatus(Component):
+    """The detector's component, ``alerts:detector``: ``ok`` after an evaluation,
+    ``recoverable_error`` after one that raised (logged with its traceback by
+    :meth:`DropDetector.run`, counted here in ``ragtrace_component_failures_total``;
+    the loop goes on and the next good evaluation reports ``ok``), ``stopped`` once
+    the detector is closed."""
+
+    component_name = "alerts:detector"
+
+    def __init__(self) -> None:
+        #: Evaluations that raised.
+        self.failures = 0
+
+    def failed(self, exc: Exception) -> None:
+        self.failures += 1
+        if self._host is not None:
+            self._host.failed(self)
+        self.report(Status.RECOVERABLE_ERROR, exc)
+
+
 class DropDetector:
     """Statistically tested score-drop alerts, per rule and service.
 
     ``telemetry`` (optional) gets ``ragtrace_alert_firing{rule,metric}`` (the number
     of series, services or service and segment values, the rule is firing for) and
     ``ragtrace_alert_notifications``.
-    ``clock`` returns Unix seconds; tests inject a fake one.
+    ``clock`` returns Unix seconds; tests inject a fake one.  :attr:`component` is its
+    status for the service's health (see :class:`DetectorStatus`).
     """
 
     def __init__(
@@ -262,6 +283,7 @@ class DropDetector:
         self._lock = threading.Lock()
         self._seq = 0
         self._closed = False
+        self.component = DetectorStatus()
         #: notifier name -> transitions it failed to deliver, sent again in order.
         self._unsent: dict[str, deque[AlertEvent]] = {}
         self._segment_keys = tuple(k.key for k in segments)
@@ -782,15 +804,18 @@ class DropDetector:
     async def run(self, interval: float | None = None) -> None:
         """Evaluate every ``interval`` seconds (default: the config's
         ``evaluation_interval``) until cancelled.  An evaluation that raises is
-        logged and the loop goes on."""
+        logged, counted and reported on :attr:`component`, and the loop goes on."""
         period = self._config.evaluation_interval if interval is None else interval
         loop = asyncio.get_running_loop()
         while not self._closed:
             started = loop.time()
             try:
                 await self.evaluate()
-            except Exception:
+            except Exception as exc:
                 _log.exception("alert_evaluation_failed")
+                self.component.failed(exc)
+            else:
+                self.component.report_ok()
             await asyncio.sleep(max(0.0, period - (loop.time() - started)))
 
     async def aclose(self) -> None:
@@ -798,6 +823,7 @@ class DropDetector:
         if self._closed:
             return
         self._closed = True
+        self.component.report(Status.STOPPED)
         for notifier in self._notifiers:
             try:
                 await notifier.aclose()

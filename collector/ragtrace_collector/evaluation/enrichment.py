@@ -39,6 +39,7 @@ __all__ = [
     "case_extra",
     "encode_result",
     "enrich_span",
+    "is_carrier",
     "make_carrier_span",
 ]
 
@@ -352,3 +353,14 @@ def make_carrier_span(
             carrier.attributes.add().CopyFrom(kv)
     enrich_span(carrier, results, summary, config, now_ns=end)
     return carrier
+
+
+def is_carrier(span: trace_pb2.Span) -> bool:
+    """An EVALUATOR carrier span made by :func:`make_carrier_span`."""
+    if span.name != CARRIER_SPAN_NAME or not span.links:
+        return False
+    return any(
+        kv.key == semconv.OPENINFERENCE_SPAN_KIND
+        and kv.value.string_value == semconv.OI_KIND_EVALUATOR
+        for kv in span.attributes
+    )

@@ -47,6 +47,14 @@ metric still running at ``trace_timeout`` is written as ``.error = "timeout"`` a
 trace goes on; ``late_results: carrier`` lets such a metric finish and sends its
 result on a carrier span instead.
 
+With a write-ahead log (``storage.directory``) the pipeline hands the evaluator its
+ledger of outputs (:meth:`OnlineEvaluator.use_ledger`): a trace whose results follow
+it (carrier, late results) keeps its log entries until the carrier is logged; results
+written on a span are logged before the trace is forwarded; and at a replay, a case
+whose results the log held gets them back, only the metrics without a logged result
+are computed, and those follow on a carrier (the trace may have reached an exporter
+already).
+
 When the session store fails (Redis down, hung or refusing), the case metrics run and
 are written as usual; each conversation metric gets ``.error = "session store
 unavailable"`` with the store's error as its reason.  After the store recovers, a
@@ -94,6 +102,7 @@ from ragtrace_collector.results import MetricResult, trusted
 from ragtrace_collector.service.component import Component, Status, Supervisor
 from ragtrace_collector.service.logs import get_logger, redact
 from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.storage.outputs import Hold, OutputLedger
 from ragtrace_collector.stores.session import (
     SessionStore,
     SessionStoreError,
@@ -121,6 +130,21 @@ class _Job:
     groups_of: dict[int, SpanGroup] = field(default_factory=dict)
     #: id(case span) -> its raw segment values (with ``segments:`` configured)
     segments: dict[int, SegmentValues] = field(default_factory=dict)
+    #: Keeps the trace's log entries while outputs made after it may still come.
+    hold: Hold | None = None
+    #: Case (by id of its BuiltCase) -> metrics whose results the log already held.
+    logged: dict[int, frozenset[str]] = field(default_factory=dict)
+
+    def release(self) -> None:
+        if self.hold is not None:
+            self.hold.release()
+
+    def forward_output(self, trace: AssembledTrace) -> None:
+        """Forward a carrier made from this job's trace (logged first, with a hold)."""
+        if self.hold is not None:
+            self.hold.forward(trace)
+        else:
+            self.forward(trace)
 
 
 @dataclass(eq=False)
@@ -201,6 +225,12 @@ class OnlineEvaluator(Component):
         self._window_steps: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._draining = False
         self._depth = telemetry.queue_depth.labels("evaluation")
+        #: The write-ahead log's ledger of outputs (set by the pipeline when there is
+        #: a log): results and carriers are logged, and a replayed trace whose results
+        #: the log held is not evaluated again.
+        self.ledger: OutputLedger | None = None
+        #: Cases whose results (some or all) came from the log at a replay.
+        self.restored_cases = 0
         # Where each case metric runs: CPU-bound ones (no judge, or the offline judge)
         # inline or in the pool, the others (LLM judge) as tasks on the loop.
         offline = isinstance(judge, OfflineJudge)
@@ -216,6 +246,10 @@ class OnlineEvaluator(Component):
         self._positions = {name: i for i, name in enumerate(order)}
 
     # ------------------------------------------------------------ lifecycle
+    def use_ledger(self, ledger: OutputLedger) -> None:
+        """Called by the pipeline when a write-ahead log keeps what it accepts."""
+        self.ledger = ledger
+
     def start(self) -> None:
         """Start the workers (needs a running event loop)."""
         if self._workers:
@@ -345,6 +379,12 @@ class OnlineEvaluator(Component):
         if not cases or self._draining:
             forward(trace)
             return
+        logged: dict[int, frozenset[str]] = {}
+        if self.ledger is not None and self.ledger.replayed_results:
+            cases, logged = self._logged_results(trace, cases)
+            if not cases:
+                forward(trace)  # every result came from the log: none computed again
+                return
         decision = self._sample(trace, cases, groups_of)
         decided = decision.attributes().items()
         for built in cases:
@@ -357,7 +397,7 @@ class OnlineEvaluator(Component):
                 self._telemetry.eval_skipped.labels("budget").inc()
             forward(trace)
             return
-        job = _Job(trace, forward, cases, decision, time.monotonic(), groups_of)
+        job = _Job(trace, forward, cases, decision, time.monotonic(), groups_of, logged=logged)
         if self._segments is not None:
             self._read_segments(job)
         try:
@@ -415,6 +455,32 @@ class OnlineEvaluator(Component):
         self._telemetry.eval_skipped.labels(reason).inc()
         job.forward(job.trace)
 
+    def _logged_results(
+        self, trace: AssembledTrace, cases: list[BuiltCase]
+    ) -> tuple[list[BuiltCase], dict[int, frozenset[str]]]:
+        """Replay: the results the log held for these cases are used, not computed
+        again.  A span logged with its results is restored as it was forwarded; a
+        carrier in the log is delivered from there.  Returns the cases with metrics
+        still to compute, and for each the metrics already done."""
+        assert self.ledger is not None
+        wanted = {m.name for m in (*self.case_metrics, *self.conversation_metrics)}
+        todo: list[BuiltCase] = []
+        done_of: dict[int, frozenset[str]] = {}
+        for built in cases:
+            found = self.ledger.logged(trace.trace_id, built.span.span_id)
+            if found is None:
+                todo.append(built)
+                continue
+            if found.span is not None:
+                built.span.CopyFrom(found.span)
+            done = frozenset(found.metrics() & wanted)
+            self.restored_cases += 1
+            if done >= wanted:
+                continue
+            todo.append(built)
+            done_of[id(built)] = done
+        return todo, done_of
+
     # -------------------------------------------------------------- workers
     async def _work(self) -> None:
         while True:
@@ -432,15 +498,24 @@ class OnlineEvaluator(Component):
                 )
                 if not job.trace.forwarded:
                     job.forward(job.trace)
+                job.release()
             finally:
                 self._queue.task_done()
 
     async def _evaluate(self, job: _Job) -> None:
         started = time.monotonic()
-        carrier_mode = self.enrichment.attach == "carrier"
+        # A replayed trace with results restored from the log may have reached some
+        # exporters already: what is computed now follows on a carrier span.
+        carrier_mode = self.enrichment.attach == "carrier" or bool(job.logged)
+        if self.ledger is not None and (carrier_mode or self.config.late_results == "carrier"):
+            # Results may follow the trace: its log entries stay until they are logged.
+            job.hold = self.ledger.hold(job.trace)
         if carrier_mode:
             job.forward(job.trace)  # results follow on a carrier span
-        outcomes = [await self._start_case(built) for built in job.cases]
+        outcomes = [
+            await self._start_case(built, job.logged.get(id(built), frozenset()))
+            for built in job.cases
+        ]
         pending = [p.future for o in outcomes for p in o.pending]
         done: set[asyncio.Future[list[MetricResult]]] = {f for f in pending if f.done()}
         if len(done) < len(pending):  # only inline results: nothing to wait for
@@ -481,6 +556,8 @@ class OnlineEvaluator(Component):
             self.sampler.record_cost(total_usd)
         self._telemetry.eval_latency.observe(latency_ms / 1000.0)
         if not carrier_mode:
+            if self.ledger is not None:
+                self.ledger.results(job.trace, [o.built.span for o in outcomes if o.results])
             job.forward(job.trace)
         if late:
             finisher = self._supervisor.run_once(
@@ -488,6 +565,8 @@ class OnlineEvaluator(Component):
             )
             self._background.add(finisher)
             finisher.add_done_callback(self._background.discard)
+        else:
+            job.release()
 
     def _collect(self, outcome: _CaseOutcome, item: _Pending) -> None:
         """Move a finished item's results into its case's outcome."""
@@ -511,20 +590,29 @@ class OnlineEvaluator(Component):
     async def _finish_late(
         self, job: _Job, late: list[tuple[_CaseOutcome, _Pending]], started: float
     ) -> None:
-        # Each late item is still bounded by its own metric_timeout.
-        await asyncio.wait([item.future for _, item in late])
-        by_case: dict[int, _CaseOutcome] = {}
-        for outcome, item in late:
-            partial = by_case.setdefault(
-                id(outcome), _CaseOutcome(outcome.built, [], outcome.extra, [], outcome.note)
-            )
-            self._collect(partial, item)
-        latency_ms = (time.monotonic() - started) * 1000.0
-        for partial in by_case.values():
-            self._record(partial, job)
-            self._forward_carrier(
-                job, partial.built, partial.results, self._summary(job, partial, latency_ms)
-            )
+        try:
+            # Each late item is still bounded by its own metric_timeout.
+            await asyncio.wait([item.future for _, item in late])
+            by_case: dict[int, _CaseOutcome] = {}
+            for outcome, item in late:
+                partial = by_case.setdefault(
+                    id(outcome), _CaseOutcome(outcome.built, [], outcome.extra, [], outcome.note)
+                )
+                self._collect(partial, item)
+            latency_ms = (time.monotonic() - started) * 1000.0
+            for partial in by_case.values():
+                self._record(partial, job)
+                self._forward_carrier(
+                    job, partial.built, partial.results, self._summary(job, partial, latency_ms)
+                )
+        except asyncio.CancelledError:
+            # Cut short (shutdown): the hold stays, so the trace's entries stay in the
+            # log and the next start computes these results.
+            raise
+        except Exception:
+            job.release()
+            raise
+        job.release()
 
     def _forward_carrier(
         self, job: _Job, built: BuiltCase, results: list[MetricResult], summary: EvalSummary
@@ -548,7 +636,7 @@ class OnlineEvaluator(Component):
             released_at=now,
             has_root=False,
         )
-        job.forward(trace)
+        job.forward_output(trace)
 
     def _summary(self, job: _Job, outcome: _CaseOutcome, latency_ms: float) -> EvalSummary:
         # Summed by hand: Cost.__add__ validates a new model per addition.
@@ -582,28 +670,29 @@ class OnlineEvaluator(Component):
                     self._log.error("result_listener_failed", error=repr(exc))
 
     # -------------------------------------------------------------- metrics
-    async def _start_case(self, built: BuiltCase) -> _CaseOutcome:
+    async def _start_case(self, built: BuiltCase, done: frozenset[str]) -> _CaseOutcome:
+        """Start the metrics of one case, except ``done`` (results the log held)."""
         outcome = _CaseOutcome(built, [], {}, [])
+        case_metrics = [m for m in self.case_metrics if m.name not in done]
+        conversation_metrics = [m for m in self.conversation_metrics if m.name not in done]
         bounded = check_case(built.case, self.config)
         if bounded.case is None:
-            outcome.results.extend(self._skipped(m, bounded.note) for m in self.case_metrics)
-            outcome.results.extend(
-                self._skipped(m, bounded.note) for m in self.conversation_metrics
-            )
+            outcome.results.extend(self._skipped(m, bounded.note) for m in case_metrics)
+            outcome.results.extend(self._skipped(m, bounded.note) for m in conversation_metrics)
             return outcome
         if bounded.note:
             built.case, outcome.note = bounded.case, bounded.note
-        await self._start_case_metrics(built, outcome)
-        if self.conversation_metrics:
+        await self._start_case_metrics(built, outcome, done)
+        if conversation_metrics:
             try:
                 view = await self._conversation_for(built)
             except SessionStoreError as exc:
-                for cmetric in self.conversation_metrics:
+                for cmetric in conversation_metrics:
                     outcome.results.append(_store_unavailable(cmetric.name, exc))
                 return outcome
             except Exception as exc:  # a bug: the case metrics above still finish
                 self._log.exception("conversation_failed", trace_id=built.trace_id)
-                for cmetric in self.conversation_metrics:
+                for cmetric in conversation_metrics:
                     outcome.results.append(
                         MetricResult(
                             metric=cmetric.name,
@@ -614,7 +703,7 @@ class OnlineEvaluator(Component):
                     )
                 return outcome
             loop = asyncio.get_running_loop()
-            for cmetric in self.conversation_metrics:
+            for cmetric in conversation_metrics:
                 if view is None:
                     outcome.results.append(
                         self._skipped(
@@ -636,19 +725,26 @@ class OnlineEvaluator(Component):
                 outcome.pending.append(_Pending(task, (cmetric.name,)))
         return outcome
 
-    async def _start_case_metrics(self, built: BuiltCase, outcome: _CaseOutcome) -> None:
+    async def _start_case_metrics(
+        self, built: BuiltCase, outcome: _CaseOutcome, done: frozenset[str]
+    ) -> None:
         """Start (or, when cheap, run) the case metrics: small CPU work inline, the
         rest of the CPU work as one pool item, LLM-judge metrics as tasks."""
         case = built.case
         pooled: list[Metric] = []
-        if self._cpu_metrics:
+        cpu_metrics = self._cpu_metrics
+        task_metrics = self._task_metrics
+        if done:
+            cpu_metrics = [m for m in cpu_metrics if m.name not in done]
+            task_metrics = [m for m in task_metrics if m.name not in done]
+        if cpu_metrics:
             pool = self.pool
             if pool is None or (
                 not self._cpu_needs_pool and case_chars(case) <= self.config.inline_max_chars
             ):
-                inline = self._cpu_metrics
+                inline = cpu_metrics
             else:
-                inline, pooled = [], self._cpu_metrics
+                inline, pooled = [], cpu_metrics
             if inline:
                 future: asyncio.Future[list[MetricResult]] = (
                     asyncio.get_running_loop().create_future()
@@ -667,7 +763,7 @@ class OnlineEvaluator(Component):
                 annex: dict[str, Annex] = {}
                 future = pool.run_case(case, pooled, work, annex)
                 outcome.pending.append(_Pending(future, tuple(m.name for m in pooled), True, annex))
-        for metric in self._task_metrics:
+        for metric in task_metrics:
             task = asyncio.create_task(self._run_case_metric(metric, built), name=metric.name)
             outcome.pending.append(_Pending(task, (metric.name,)))
 

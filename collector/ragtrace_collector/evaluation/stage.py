@@ -7,9 +7,9 @@ to the pipeline as its trace processor, and calls :meth:`EvaluationStage.start` 
 
 Its components (:attr:`EvaluationStage.components`, registered by the service):
 ``judge`` (``recoverable_error`` while judge calls fail or time out, ``ok`` on the
-next answer), ``session_store``, ``reference_store`` and one ``notifier:<name>`` per
-alert notifier.  The drop detector's loop and the reference store's polling run under
-the service's supervisor.
+next answer), ``session_store``, ``reference_store``, the drop detector
+(``alerts:detector``) and one ``notifier:<name>`` per alert notifier.  The drop
+detector's loop and the reference store's polling run under the service's supervisor.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class EvaluationStage:
         """Every component of the stage, for the service's host."""
         parts: list[Any] = [self.judge_status, self.evaluator.sessions, self.reference_store]
         if self.detector is not None:
-            parts += self.detector.notifiers
+            parts += [self.detector.component, *self.detector.notifiers]
         return [p for p in parts if isinstance(p, Component)]
 
     @property
@@ -109,7 +109,7 @@ class EvaluationStage:
             self.reference_store.start()
         if self.detector is not None and self.detector.config.rules:
             self._detector_task = self._supervisor.spawn(
-                None, self.detector.run, name="alerts-detector"
+                self.detector.component, self.detector.run, name="alerts-detector"
             )
 
     async def aclose(self) -> None:

@@ -26,7 +26,10 @@ as dropped (``reason="shutdown_deadline"``).
 ``ragtrace_spans_dropped{reason}``: ``queue_full`` (drop_oldest), ``rejected`` (a
 non-retryable answer, or spans the backend refused in a partial success),
 ``retry_timeout`` (``retry.max_elapsed_time``), ``shutdown_deadline``,
-``encode_error`` and ``closed`` (both bugs, never expected).
+``encode_error`` and ``closed`` (both bugs, never expected).  A batch that cannot be
+encoded is never settled: the write-ahead log keeps it, or without a log a shutdown
+spills it (``shutdown.spill_path``), and :meth:`Exporter.close` counts it as not
+delivered.
 
 **Status and supervision.**  Each exporter is a component (``exporter:<name>``): ``ok``
 after a delivery, ``recoverable_error`` while the backend fails (retryable or not), and
@@ -183,6 +186,10 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
         self._inflight: set[_Batch] = set()
         self._inflight_spans = 0
         self._abandoned_spans = 0
+        #: Spans of batches that could not be encoded (never settled).
+        self._unencoded_spans = 0
+        #: Worker task -> work its current batch is settled after (see settle_after).
+        self._follow_ups: dict[asyncio.Task[Any] | None, list[asyncio.Future[Any]]] = {}
         self._nonempty = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -265,7 +272,8 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
     async def close(self, deadline: float) -> int:
         """Deliver what is queued until ``deadline`` (loop time); drop and count the rest.
 
-        Returns the number of spans dropped.
+        Returns the number of spans not delivered: those the deadline cut off, and
+        those that could not be encoded (already counted as ``encode_error``).
         """
         loop = asyncio.get_running_loop()
         self._closing = True
@@ -296,7 +304,7 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
         self._closed = True
         await self._close_client()
         self.report(Status.STOPPED)
-        return dropped
+        return dropped + self._unencoded_spans
 
     # ---------------------------------------------------------------- workers
     def _take(self) -> list[_Batch]:
@@ -326,8 +334,12 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
                 self._inflight.add(b)
             self._inflight_spans += count
             try:
-                await self._deliver([g for b in taken for g in b.groups], count)
-                self._settled(taken)
+                delivered = await self._deliver([g for b in taken for g in b.groups], count)
+                follow = self._follow_ups.pop(asyncio.current_task(), None)
+                if delivered and follow is None:
+                    self._settled(taken)
+                elif delivered and follow is not None:
+                    self._settle_after(follow, taken)
             except asyncio.CancelledError:
                 self._abandoned_spans += count
                 raise
@@ -337,6 +349,7 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
                 self._requeue(taken, count)
                 raise
             finally:
+                self._follow_ups.pop(asyncio.current_task(), None)
                 for b in taken:
                     self._inflight.discard(b)
                 self._inflight_spans -= count
@@ -350,14 +363,16 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
         self._queued_spans += count
         self._nonempty.set()
 
-    async def _deliver(self, groups: Sequence[SpanGroup], count: int) -> None:
+    async def _deliver(self, groups: Sequence[SpanGroup], count: int) -> bool:
+        """Send one batch with retries.  True when this exporter is done with it
+        (delivered, or given up for good); False when it could not be encoded: such a
+        batch is never settled (see :meth:`_unencodable`)."""
         loop = asyncio.get_running_loop()
         try:
             payload = await self._prepare(groups)
         except Exception as exc:  # a bug, not a backend problem: never lose silently
-            self._drop(count, "encode_error")
-            self._log.error("export_encode_failed", spans=count, error=repr(exc))
-            return
+            self._unencodable(count, exc)
+            return False
         delays = backoff_delays(self._retry)
         started = loop.time()
         attempt = 0
@@ -375,7 +390,7 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
                     self._log.error(
                         "export_rejected", spans=count, error=str(exc), detail="not retryable"
                     )
-                    return
+                    return True
                 wait = next(delays)
                 if exc.retry_after is not None:
                     wait = min(max(exc.retry_after, 0.0), _MAX_SERVER_DELAY)
@@ -383,7 +398,7 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
                 if limit is not None and loop.time() + wait - started > limit:
                     self._drop(count, "retry_timeout")
                     self._log.error("export_gave_up", spans=count, attempts=attempt, error=str(exc))
-                    return
+                    return True
                 if self._deadline is not None:
                     # Shutting down: keep trying until the deadline, when close() cancels
                     # this worker and counts the batch as dropped.
@@ -412,7 +427,46 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
                 self._drop(rejected, "rejected")
                 self._log.warning("export_partially_rejected", spans=count, rejected=rejected)
             self._forwarded.inc(count - rejected)
-            return
+            return True
+
+    def _unencodable(self, count: int, exc: Exception) -> None:
+        """A batch that could not be encoded (a bug): counted as dropped
+        (``encode_error``) and logged, but never settled, so it is not taken for
+        delivered: the write-ahead log keeps its entries (replayed at the next start),
+        and without a log a shutdown spills it to ``shutdown.spill_path``."""
+        self._unencoded_spans += count
+        self._drop(count, "encode_error")
+        self._log.error(
+            "export_encode_failed",
+            spans=count,
+            error=repr(exc),
+            detail="not delivered and not settled: kept in the write-ahead log, "
+            "or spilled at shutdown (shutdown.spill_path)",
+        )
+
+    def settle_after(self, work: asyncio.Future[Any]) -> None:
+        """Called from :meth:`_send`: the batch being sent is settled only once ``work``
+        (made from it, e.g. Phoenix annotations) has finished without an error and not
+        with the result ``False``; otherwise (a failure, a cancellation, work cut short
+        by a shutdown) the batch stays unsettled: kept in the write-ahead log and
+        replayed at the next start."""
+        self._follow_ups.setdefault(asyncio.current_task(), []).append(work)
+
+    def _settle_after(self, follow: list[asyncio.Future[Any]], batches: list[_Batch]) -> None:
+        left = len(follow)
+        failed = False
+
+        def done(fut: asyncio.Future[Any]) -> None:
+            nonlocal left, failed
+            left -= 1
+            failed = (
+                failed or fut.cancelled() or fut.exception() is not None or fut.result() is False
+            )
+            if left == 0 and not failed:
+                self._settled(batches)
+
+        for fut in follow:
+            fut.add_done_callback(done)
 
     def _settled(self, batches: list[_Batch]) -> None:
         done: list[SpanGroup] = []

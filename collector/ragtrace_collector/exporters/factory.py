@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from ragtrace_collector.exporters.base import Exporter
 from ragtrace_collector.exporters.config import (
     ExporterConfig,
@@ -22,9 +24,11 @@ def build_exporter(
     telemetry: Telemetry,
     *,
     supervisor: Supervisor | None = None,
+    fsync: Literal["never", "batch", "always"] = "never",
 ) -> Exporter[object]:
     """The exporter for one ``exporters.<name>`` config section; ``supervisor`` runs
-    its workers."""
+    its workers.  ``fsync`` is ``storage.fsync`` when a write-ahead log is on (the
+    file exporter syncs its lines per it before a batch is settled)."""
     if isinstance(config, PhoenixExporterConfig):
         from ragtrace_collector.exporters.phoenix import PhoenixExporter
 
@@ -42,5 +46,7 @@ def build_exporter(
     if isinstance(config, FileExporterConfig):
         from ragtrace_collector.exporters.file import FileExporter
 
-        return FileExporter(name, config, telemetry, supervisor=supervisor)  # type: ignore[return-value]
+        return FileExporter(  # type: ignore[return-value]
+            name, config, telemetry, supervisor=supervisor, fsync=fsync
+        )
     raise TypeError(f"unknown exporter config {type(config).__name__}")

@@ -51,7 +51,7 @@ import aiohttp
 
 from ragtrace import semconv
 from ragtrace_collector.evaluation.document_verdicts import decode_verdicts
-from ragtrace_collector.evaluation.enrichment import CARRIER_SPAN_NAME, annotator_kind
+from ragtrace_collector.evaluation.enrichment import annotator_kind, is_carrier
 from ragtrace_collector.exporters.config import PhoenixExporterConfig
 from ragtrace_collector.exporters.otlp_http import (
     OtlpHttpExporter,
@@ -93,18 +93,6 @@ class PhoenixAnnotations:
 
     def __bool__(self) -> bool:
         return bool(self.spans or self.documents or self.sessions)
-
-
-def is_carrier(span: Span) -> bool:
-    """An EVALUATOR carrier span (see
-    :func:`ragtrace_collector.evaluation.enrichment.make_carrier_span`)."""
-    if span.name != CARRIER_SPAN_NAME or not span.links:
-        return False
-    return any(
-        kv.key == semconv.OPENINFERENCE_SPAN_KIND
-        and kv.value.string_value == semconv.OI_KIND_EVALUATOR
-        for kv in span.attributes
-    )
 
 
 def _metric_fields(span: Span) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -378,11 +366,18 @@ class PhoenixExporter(OtlpHttpExporter):
             # most _MAX_ANNOTATING batches wait: past that, the export queue waits.
             await self._slots.acquire()
             # A bug in there is logged, counted and reported on this exporter's status.
+            done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             task = self._supervisor.run_once(
-                self, self._annotate(payload.annotations), name=f"exporter-{self.name}-annotate"
+                self,
+                self._annotate_batch(payload.annotations, done),
+                name=f"exporter-{self.name}-annotate",
             )
             self._annotating.add(task)
             task.add_done_callback(self._annotated)
+            # The batch counts as delivered (its log entries released) only once its
+            # annotations are posted or given up for good: not when a shutdown cut them
+            # short, nor after a bug.
+            self.settle_after(done)
         return rejected
 
     async def _open(self) -> None:
@@ -422,7 +417,19 @@ class PhoenixExporter(OtlpHttpExporter):
             self._rest = None
         await super()._close_client()
 
-    async def _annotate(self, annotations: PhoenixAnnotations) -> None:
+    async def _annotate_batch(
+        self, annotations: PhoenixAnnotations, done: asyncio.Future[bool]
+    ) -> None:
+        complete = False
+        try:
+            complete = await self._annotate(annotations)
+        finally:
+            done.set_result(complete)
+
+    async def _annotate(self, annotations: PhoenixAnnotations) -> bool:
+        """Post every annotation of a batch.  False when the shutdown deadline cut some
+        (the batch then stays unsettled); True once each was posted, refused for good or
+        given up after ``annotations.max_wait``."""
         # Spans first: once they are annotated Phoenix has stored them (and their
         # sessions), so documents and sessions seldom wait.
         todo = [
@@ -430,6 +437,7 @@ class PhoenixExporter(OtlpHttpExporter):
             ("document", "document_annotations", annotations.documents),
             ("session", "session_annotations", [i for *_, i in annotations.sessions]),
         ]
+        complete = True
         try:
             while todo:
                 kind, path, items = todo[0]
@@ -437,10 +445,12 @@ class PhoenixExporter(OtlpHttpExporter):
                     # Batches finish in any order: one at a time, and only what no
                     # later turn superseded, so an older running mean never wins.
                     async with self._session_posts:
-                        await self._post(kind, path, self._current(annotations.sessions))
+                        posted = await self._post(kind, path, self._current(annotations.sessions))
                 else:
-                    await self._post(kind, path, items)
+                    posted = await self._post(kind, path, items)
+                complete = complete and posted
                 todo.pop(0)
+            return complete
         except asyncio.CancelledError:
             left = {kind: len(items) for kind, _, items in todo if items}
             for kind, n in left.items():
@@ -448,9 +458,11 @@ class PhoenixExporter(OtlpHttpExporter):
             self._log.warning("phoenix_annotations_cut_at_shutdown", annotations=left)
             raise
 
-    async def _post(self, kind: str, path: str, items: list[dict[str, Any]]) -> None:
+    async def _post(self, kind: str, path: str, items: list[dict[str, Any]]) -> bool:
+        """Post ``items``, with retries.  False only when the shutdown deadline cut the
+        retries short (the items may be posted again after a restart)."""
         if not items:
-            return
+            return True
         loop = asyncio.get_running_loop()
         url = f"{self._base}/v1/{path}?sync=true"
         body = json.dumps({"data": items}, ensure_ascii=False, allow_nan=False).encode()
@@ -463,19 +475,18 @@ class PhoenixExporter(OtlpHttpExporter):
             status, answer, retry_after = await self._request(url, body, headers)
             if status is not None and 200 <= status < 300:
                 self._count(kind, "posted", len(items))
-                return
+                return True
             if status is not None and status not in _RETRYABLE:
                 if len(items) > 1:
                     # One bad item (say, a document position Phoenix does not have)
                     # must not cost the others theirs.
-                    for item in items:
-                        await self._post(kind, path, [item])
-                    return
+                    results = [await self._post(kind, path, [item]) for item in items]
+                    return all(results)
                 self._count(kind, "rejected", len(items))
                 self._log.error(
                     "phoenix_annotation_rejected", kind=kind, status=status, answer=answer
                 )
-                return
+                return True
             wait = delay if retry_after is None else min(retry_after, _MAX_DELAY)
             now = loop.time()
             over_budget = now + wait - started > self._phoenix.annotations.max_wait
@@ -490,7 +501,7 @@ class PhoenixExporter(OtlpHttpExporter):
                     status=status,
                     answer=answer,
                 )
-                return
+                return over_budget
             await asyncio.sleep(wait)
             delay = min(delay * 2.0, _MAX_DELAY)
 

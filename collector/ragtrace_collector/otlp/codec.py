@@ -36,6 +36,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from ragtrace_collector.otlp.piecewise import parse_in_pieces
+from ragtrace_collector.otlp.problems import json_problem, json_type, protobuf_problem
 
 __all__ = [
     "CONTENT_TYPE_JSON",
@@ -236,8 +237,10 @@ def decode_protobuf_request(body: bytes) -> ExportTraceServiceRequest:
     lock for long."""
     try:
         return parse_in_pieces(body)
-    except (DecodeError, ValueError) as exc:  # upb raises DecodeError; be generous
-        raise OtlpDecodeError(f"malformed protobuf ExportTraceServiceRequest: {exc}") from None
+    except (DecodeError, ValueError):  # upb raises DecodeError; be generous
+        # Never the parser's message: described by position, never by content.
+        problem = protobuf_problem(body)
+        raise OtlpDecodeError(f"malformed protobuf ExportTraceServiceRequest: {problem}") from None
 
 
 def decode_json_request(body: bytes) -> ExportTraceServiceRequest:
@@ -255,13 +258,19 @@ def decode_json_request(body: bytes) -> ExportTraceServiceRequest:
     if not isinstance(data, dict):
         raise OtlpDecodeError("malformed JSON: the top level must be an object")
     _hex_ids_to_base64(data)
+    # Checked against the schema first: the parser would take a string where an object
+    # belongs for an empty message (an attribute's value silently lost), and its error
+    # messages quote the offending value.  See otlp.problems.
+    problem = json_problem(data)
+    if problem is not None:
+        raise OtlpDecodeError(f"invalid OTLP/JSON: {problem}")
     request = ExportTraceServiceRequest()
     try:
         json_format.ParseDict(data, request, ignore_unknown_fields=True)
-    except json_format.ParseError as exc:
-        raise OtlpDecodeError(f"invalid OTLP/JSON: {exc}") from None
-    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
-        raise OtlpDecodeError(f"invalid OTLP/JSON: {type(exc).__name__}: {exc}") from None
+    except (json_format.ParseError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+        raise OtlpDecodeError(
+            f"invalid OTLP/JSON: not an ExportTraceServiceRequest ({type(exc).__name__})"
+        ) from None
     return request
 
 
@@ -294,20 +303,15 @@ def _convert_ids(obj: Any, keys: tuple[str, ...], where: str) -> None:
         if value is None:
             continue
         if not isinstance(value, str):
-            raise OtlpDecodeError(
-                f"{where}.{key}: expected a hex string, got {type(value).__name__}"
-            )
+            raise OtlpDecodeError(f"{where}.{key}: expected a hex string, got {json_type(value)}")
         try:
             raw = bytes.fromhex(value)
         except ValueError:
             raise OtlpDecodeError(
-                f"{where}.{key}: {_clip(value)!r} is not a hex string (OTLP/JSON ids are hex)"
+                f"{where}.{key}: expected a hex string, got a string of {len(value)} "
+                "characters that is not hex (OTLP/JSON ids are hex)"
             ) from None
         obj[key] = base64.b64encode(raw).decode("ascii")
-
-
-def _clip(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 # ------------------------------------------------------------------------ encoding

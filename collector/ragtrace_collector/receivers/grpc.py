@@ -165,7 +165,8 @@ class GrpcReceiver(Component):
             self._reject("malformed", str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:  # whatever a hostile message provokes: still INVALID_ARGUMENT
-            message = f"cannot decode the request: {exc!r}"
+            # Only the kind of error: its message may quote the request.
+            message = f"cannot decode the request ({type(exc).__name__})"
             self._reject("malformed", message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         try:

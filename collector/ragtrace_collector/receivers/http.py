@@ -201,8 +201,7 @@ class HttpReceiver(Component):
                 415,
                 "content_type",
                 CODE_INVALID_ARGUMENT,
-                f"unsupported Content-Type {raw_type!r}: use "
-                f"{CONTENT_TYPE_PROTOBUF} or {CONTENT_TYPE_JSON}",
+                f"unsupported Content-Type: use {CONTENT_TYPE_PROTOBUF} or {CONTENT_TYPE_JSON}",
                 False,
             )
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
@@ -221,13 +220,9 @@ class HttpReceiver(Component):
         except OtlpDecodeError as exc:
             return self._reject(400, "malformed", CODE_INVALID_ARGUMENT, str(exc), as_json)
         except Exception as exc:  # whatever a hostile body provokes: still a 400
-            return self._reject(
-                400,
-                "malformed",
-                CODE_INVALID_ARGUMENT,
-                f"cannot decode the request: {exc!r}",
-                as_json,
-            )
+            # Only the kind of error: its message may quote the body.
+            message = f"cannot decode the request ({type(exc).__name__})"
+            return self._reject(400, "malformed", CODE_INVALID_ARGUMENT, message, as_json)
         try:
             payload = split.payload if split.payload is not None else body
             await self._pipeline.accept(split, _RECEIVER, payload)

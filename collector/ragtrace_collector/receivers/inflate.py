@@ -104,6 +104,6 @@ def plain_body(body: bytes, encoding: str, budget: InflateBudget) -> bytes:
         return inflate(body, encoding, budget)
     if encoding not in ("", "identity"):
         raise BodyError(
-            415, "content_encoding", f"unsupported Content-Encoding {encoding!r}: use gzip"
+            415, "content_encoding", "unsupported Content-Encoding: use gzip or deflate"
         )
     return body

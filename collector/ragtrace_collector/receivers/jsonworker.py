@@ -84,7 +84,9 @@ class JsonWorker:
             except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
                 await self.aclose()
                 raise BodyError(
-                    413, "decode_budget", f"the JSON decoder failed on this body ({exc!r})"
+                    413,
+                    "decode_budget",
+                    f"the JSON decoder failed on this body ({type(exc).__name__})",
                 ) from None
         if answer.get("ok"):
             return payload
@@ -151,7 +153,8 @@ def _serve(source: BinaryIO, sink: BinaryIO) -> None:
         except OtlpDecodeError as exc:
             out = _frame({"error": "decode", "message": str(exc)}, b"")
         except Exception as exc:  # whatever a hostile body provokes: still a clear 400
-            message = f"cannot decode the request: {exc!r}"
+            # Only the kind of error: its message may quote the body.
+            message = f"cannot decode the request ({type(exc).__name__})"
             out = _frame({"error": "decode", "message": message}, b"")
         sink.write(out)
         sink.flush()

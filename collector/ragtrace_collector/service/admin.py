@@ -7,8 +7,11 @@ Both probes answer from the components' reported statuses
   been in ``recoverable_error`` longer than ``admin.unhealthy_after``: restarting
   the process is then a reasonable next step.
 * ``/readyz`` (readiness) is 503 when the process cannot accept data: receivers not
-  listening yet, shutting down, or the pipeline refusing every request (an exporter
-  queue full, the processor holding its limit, the WAL full).
+  listening yet, shutting down, or the pipeline refusing requests.  The refusal is the
+  very predicate the receivers' admission reads (``Pipeline.refusal``, which asks the
+  write-ahead log through ``Storage.refusal``): an exporter queue full, the processor
+  holding its limit, the log full, its writes failing (disk full), its writer stalled
+  or stopped.  Load balancers are never told "ready" while data is refused.
 
 The JSON body of both, redacted like the logs, is ``{"status": "ok"|"unavailable",
 "reason": ..., "components": {name: {"status", "last_error", "since_s",

@@ -56,11 +56,24 @@ Receivers hand requests in with :meth:`Pipeline.accept`.  With a write-ahead log
 synced before ``accept`` returns, so an acknowledged request survives a crash; the log
 is also full at ``storage.max_size``, another reason for refusal (``storage_full``).
 Every span group carries the sequence number of its log entry (``SpanGroup.wal_seq``);
-each exporter reports the groups it is done with (``Exporter.on_settled``), and an
-entry is removed once every exporter has settled every group of it.  At start,
-:meth:`Pipeline.replay` feeds what the log still holds through assembly and the
-processor, before the receivers listen: replayed traces are evaluated again when
-sampling picks them (the decision is a hash, so the same ones are picked).
+each exporter reports the groups it is done with (``Exporter.on_settled``, numbered
+per exporter), and an entry is removed once every exporter has settled every group of
+it and every output made from it is logged (the *ledger of outputs*,
+:mod:`ragtrace_collector.storage.outputs`):
+
+* a processor with a ``use_ledger(ledger)`` method gets an
+  :class:`~ragtrace_collector.storage.outputs.OutputLedger` at start.  Before it
+  forwards a trace whose results will follow, it takes ``ledger.hold(trace)``, forwards
+  those results through ``hold.forward(carrier_trace)`` and then calls
+  ``hold.release()``: the trace's entries stay until the outputs are logged.  A trace
+  the processor made and forwards without a hold is logged too (with no sources).
+  Results written on a span are logged with ``ledger.results(trace, spans)`` before the
+  trace is forwarded;
+* at start, :meth:`Pipeline.replay` feeds what the log still holds through assembly and
+  the processor, before the receivers listen; carrier spans in output records are
+  delivered from the log, delivery marks keep entries from exporters that had them,
+  and ``ledger.logged(trace_id, span_id)`` hands the processor the results the log held
+  for a span, so that it does not compute them again.
 
 Without a log, ``track_undelivered`` keeps the groups not yet settled, so that a
 shutdown can spill what the deadline cut off (:meth:`Pipeline.undelivered`).
@@ -70,6 +83,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -79,19 +93,30 @@ from google.protobuf.message import Message
 
 from ragtrace_collector.assembly.assembler import AssembledTrace, Assembler, ReleaseReason
 from ragtrace_collector.assembly.config import AssemblyConfig
+from ragtrace_collector.evaluation.enrichment import is_carrier
 from ragtrace_collector.exporters.base import Exporter
 from ragtrace_collector.otlp.codec import (
     OtlpDecodeError,
+    Span,
     SpanGroup,
     SplitRequest,
+    build_request,
     decode_protobuf_request,
     split_request,
 )
 from ragtrace_collector.service.logs import get_logger
 from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.storage.outputs import (
+    KIND_DELIVERED,
+    KIND_OUTPUT,
+    Hold,
+    OutputLedger,
+    decode_output,
+    encode_output,
+)
 from ragtrace_collector.storage.service import Storage
 from ragtrace_collector.storage.spill import Outstanding
-from ragtrace_collector.storage.wal import StorageError
+from ragtrace_collector.storage.wal import KIND_REQUEST, AppendTimeout, Record, StorageError
 
 __all__ = [
     "AssembledTrace",
@@ -183,6 +208,11 @@ class Pipeline:
         self._outstanding = (
             Outstanding(len(self.exporters)) if track_undelivered and storage is None else None
         )
+        #: The processor's view of the log (outputs, holds, results found at start).
+        self.ledger: OutputLedger | None = None
+        if storage is not None:
+            storage.set_exporters([e.name for e in self.exporters])
+            self.ledger = OutputLedger(hold=self._hold, results=self._log_results)
 
     # ---------------------------------------------------------------- state
     @property
@@ -203,10 +233,13 @@ class Pipeline:
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        for exporter in self.exporters:
+        for number, exporter in enumerate(self.exporters):
             if self._storage is not None or self._outstanding is not None:
-                exporter.on_settled = self._settled
+                exporter.on_settled = functools.partial(self._settled, number)
             await exporter.start()
+        use_ledger = getattr(self.processor, "use_ledger", None)
+        if self.ledger is not None and callable(use_ledger):
+            use_ledger(self.ledger)
         start_processor = getattr(self.processor, "start", None)
         if callable(start_processor):
             started = start_processor()
@@ -278,12 +311,9 @@ class Pipeline:
                 f"the trace processor holds {self._held_spans} spans; retry later",
                 self._retry_after,
             )
-        if self._storage is not None and self._storage.full():
-            return Refused(
-                "storage_full",
-                "the write-ahead log is full until exporters deliver; retry later",
-                self._retry_after,
-            )
+        storage = self._storage.refusal() if self._storage is not None else None
+        if storage is not None:
+            return Refused(storage[0], f"{storage[1]}; retry later", self._retry_after)
         return None
 
     def offer(self, split: SplitRequest, receiver: str) -> None:
@@ -339,19 +369,126 @@ class Pipeline:
 
     # ------------------------------------------------------------ durability
     def _tag(self, split: SplitRequest, seq: int) -> int:
-        """Mark the request's groups with its log entry; return the entry's references."""
+        """Mark the request's groups with its log entry; return how many there are."""
         groups = 0
         for chunk in split.traces.values():
             for group in chunk.groups:
                 group.wal_seq = seq
                 groups += 1
-        return groups * len(self.exporters)
+        return groups
 
-    def _settled(self, groups: list[SpanGroup]) -> None:
+    def _settled(self, exporter: int, groups: list[SpanGroup]) -> None:
         if self._storage is not None:
-            self._storage.settle(groups)
+            self._storage.settle(groups, exporter)
         if self._outstanding is not None:
             self._outstanding.settle(groups)
+
+    # ------------------------------------------------------- ledger of outputs
+    def _hold(self, trace: AssembledTrace) -> Hold:
+        storage = self._storage
+        assert storage is not None
+        sources = storage.pin({g.wal_seq for g in trace.groups if g.wal_seq >= 0})
+        return Hold(sources, self._log_output, storage.unpin)
+
+    def _log_output(self, trace: AssembledTrace, hold: Hold | None) -> None:
+        """A span the processor made (a carrier): logged, then handed to the exporters.
+        Its log record stays while the entries it was made from do."""
+        storage = self._storage
+        assert storage is not None
+        trace.forwarded = True  # (when it comes through a hold)
+        sources = hold.sources if hold is not None else []
+        groups = [g for g in trace.groups if g.spans]
+        payload = encode_output(sources, build_request(groups).SerializeToString())
+        if hold is not None:
+            hold.logging()
+
+        def tag(seq: int) -> int:
+            storage.outputs_of(seq, sources)
+            for group in groups:
+                group.wal_seq = seq
+            return len(groups)
+
+        def admit() -> None:
+            self._fan_out(groups)
+            if hold is not None:
+                hold.logged()
+
+        self._append_output(payload, tag, admit, hold)
+
+    def _log_results(self, trace: AssembledTrace, spans: list[Span]) -> None:
+        """Spans with the results just written on them, logged (not delivered from the
+        log: the trace carries them) so that a replay of the trace does not evaluate
+        them again.  The record stays while the trace's entries do."""
+        storage = self._storage
+        assert storage is not None
+        sources = sorted({g.wal_seq for g in trace.groups if g.wal_seq >= 0})
+        if not sources:
+            return
+        request = build_request([SpanGroup(None, "", None, "", spans)]).SerializeToString()
+        payload = encode_output(sources, request)
+
+        def tag(seq: int) -> int:
+            storage.outputs_of(seq, sources)
+            return 0
+
+        self._append_output(payload, tag, _nothing, None)
+
+    def _append_output(
+        self,
+        payload: bytes,
+        tag: Callable[[int], int],
+        admit: Callable[[], None],
+        hold: Hold | None,
+        delay: float = 0.1,
+    ) -> None:
+        """Write an output record; a failed write (a full disk) is tried again until it
+        succeeds or the log closes (the hold keeps the sources meanwhile)."""
+        storage = self._storage
+        assert storage is not None
+        try:
+            future = storage.append(payload, tag=tag, admit=admit, kind=KIND_OUTPUT)
+        except StorageError as exc:
+            self._log.error("output_not_logged", error=str(exc))
+            return
+
+        def done(fut: asyncio.Future[None]) -> None:
+            if fut.cancelled() or fut.exception() is None:
+                return
+            error = fut.exception()
+            if isinstance(error, AppendTimeout):
+                return  # still being written: admitted once it is
+            self._log.warning("output_log_retrying", error=str(error), retry_in=delay)
+            if self._loop is not None:
+                self._loop.call_later(
+                    delay,
+                    self._append_output,
+                    payload,
+                    tag,
+                    admit,
+                    hold,
+                    min(delay * 2, 5.0),
+                )
+
+        future.add_done_callback(done)
+
+    def _settled_before(self, trace: AssembledTrace) -> bool:
+        """Whether every group of ``trace`` came from an entry settled before a restart."""
+        assert self._storage is not None
+        settled = self._storage.settled
+        return all(g.wal_seq in settled for g in trace.groups)
+
+    def _fan_out(self, groups: list[SpanGroup]) -> None:
+        """Hand groups to every exporter, except those a replayed delivery mark says
+        already have them."""
+        marks = self._storage.delivered if self._storage is not None else None
+        count = sum(len(g.spans) for g in groups)
+        for number, exporter in enumerate(self.exporters):
+            if marks:
+                mine = [g for g in groups if number not in marks.get(g.wal_seq, ())]
+                if len(mine) != len(groups):
+                    exporter.enqueue(mine, sum(len(g.spans) for g in mine))
+                    continue
+            exporter.enqueue(groups, count)
 
     def undelivered(self) -> list[SpanGroup]:
         """After :meth:`shutdown`: groups some exporter did not deliver (needs
@@ -368,12 +505,34 @@ class Pipeline:
         storage = self._storage
         if storage is None:
             return 0
-        spans = entries = bad = 0
+        spans = entries = bad = outputs = 0
         waiting_logged = False
+        carriers: list[SpanGroup] = []
         async for chunk in storage.replay():
             decoded = await asyncio.to_thread(_decode_entries, chunk)
-            for seq, split in decoded:
-                while (refused := self.refusal()) is not None and refused.reason != "storage_full":
+            for record, split, sources in decoded:
+                seq = record.seq
+                if record.kind == KIND_DELIVERED:
+                    storage.hold_replayed(seq, 0)
+                    storage.replayed_marks(record.payload)
+                    continue
+                if record.kind == KIND_OUTPUT:
+                    if split is None:
+                        bad += 1
+                        storage.hold_replayed(seq, 0)
+                        continue
+                    assert self.ledger is not None
+                    groups = [g for c in split.traces.values() for g in c.groups]
+                    delivered = self.ledger.found(groups, is_carrier)
+                    for group in delivered:
+                        group.wal_seq = seq
+                    carriers += delivered
+                    storage.hold_replayed(seq, len(delivered), sources)
+                    outputs += 1
+                    continue
+                while (refused := self.refusal()) is not None and not refused.reason.startswith(
+                    "storage"
+                ):  # replay does not write the log: its refusals do not hold replay
                     if refused.reason == "shutting_down":
                         return spans
                     if not waiting_logged:
@@ -388,12 +547,28 @@ class Pipeline:
                 self._take(split, None)
                 spans += split.span_count
                 entries += 1
-        if entries or bad:
-            self._log.info("replay_done", entries=entries, spans=spans, undecodable=bad)
+        # Carrier spans from the log go out once every delivery mark is known.
+        for group in carriers:
+            self._fan_out([group])
+        if self.ledger is not None and self.ledger.replayed_results and self._loop is not None:
+            # Every replayed trace reaches the processor within max_trace_wait.
+            wait = self._assembly_config.max_trace_wait
+            self._loop.call_later(2 * wait + 1.0, self.ledger.forget)
+        if entries or bad or outputs:
+            self._log.info(
+                "replay_done",
+                entries=entries,
+                spans=spans,
+                undecodable=bad,
+                outputs=outputs,
+                carrier_spans=sum(len(g.spans) for g in carriers),
+            )
         return spans
 
     # ------------------------------------------------------- processor hook
     def _dispatch(self, trace: AssembledTrace) -> None:
+        if self._storage is not None and self._storage.settled and self._settled_before(trace):
+            return  # replayed, but delivered (outputs included) before the restart
         count = trace.span_count
         self._held[id(trace)] = (trace, count)
         self._held_spans += count
@@ -413,22 +588,43 @@ class Pipeline:
         if held is not None:
             self._held_spans -= held[1]
             self._processor_gauge.set(self._held_spans)
-        count = trace.span_count
+        elif self._storage is not None:
+            # Made by the processor (a carrier span): logged before it goes out.
+            self._log_output(trace, None)
+            return
         if self._outstanding is not None:
             self._outstanding.forwarded(trace.groups)
-        for exporter in self.exporters:
-            exporter.enqueue(trace.groups, count)
+        if self._storage is not None and self._storage.delivered:
+            self._fan_out(trace.groups)
+        else:
+            count = trace.span_count
+            for exporter in self.exporters:
+                exporter.enqueue(trace.groups, count)
         if self._loop is not None:
             with contextlib.suppress(Exception):
                 self._telemetry.pipeline_latency.observe(self._loop.time() - trace.released_at)
 
 
-def _decode_entries(chunk: list[tuple[int, bytes]]) -> list[tuple[int, SplitRequest | None]]:
-    """Decode replayed log entries (in a worker thread); None for one that does not parse."""
-    out: list[tuple[int, SplitRequest | None]] = []
-    for seq, payload in chunk:
+def _decode_entries(
+    chunk: list[Record],
+) -> list[tuple[Record, SplitRequest | None, list[int]]]:
+    """Decode replayed log records (in a worker thread): the request (of a request or
+    an output record; None when it does not parse) and an output's sources."""
+    out: list[tuple[Record, SplitRequest | None, list[int]]] = []
+    for record in chunk:
+        sources: list[int] = []
+        if record.kind not in (KIND_REQUEST, KIND_OUTPUT):
+            out.append((record, None, sources))
+            continue
         try:
-            out.append((seq, split_request(decode_protobuf_request(payload))))
-        except OtlpDecodeError:
-            out.append((seq, None))
+            body = record.payload
+            if record.kind == KIND_OUTPUT:
+                sources, body = decode_output(body)
+            out.append((record, split_request(decode_protobuf_request(body)), sources))
+        except (OtlpDecodeError, ValueError):
+            out.append((record, None, sources))
     return out
+
+
+def _nothing() -> None:
+    return None

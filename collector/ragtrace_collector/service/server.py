@@ -90,12 +90,19 @@ class CollectorService:
                 detail="evaluation is off, so no scores reach the alert rules",
                 rules=[r.name for r in config.alerts.rules],
             )
+        # The file exporter syncs per the log's policy; without a log there is no entry
+        # for it to keep, so it leaves flushing to the OS.
+        fsync = config.storage.fsync if config.storage.directory is not None else "never"
         self.exporters: list[Exporter[Any]] = [
-            build_exporter(name, cfg, self.telemetry, supervisor=self.supervisor)
+            build_exporter(name, cfg, self.telemetry, supervisor=self.supervisor, fsync=fsync)
             for name, cfg in config.exporters.items()
         ]
         #: The write-ahead log, when ``storage.directory`` is set.
-        self.storage = Storage(config.storage) if config.storage.directory is not None else None
+        self.storage = (
+            Storage(config.storage, telemetry=self.telemetry)
+            if config.storage.directory is not None
+            else None
+        )
         if self.storage is not None:
             self.host.register(self.storage)
         self.host.register_all(self.exporters)
@@ -161,7 +168,8 @@ class CollectorService:
 
     # ---------------------------------------------------------------- probes
     def _ready(self) -> tuple[bool, str]:
-        """Readiness: can the process accept data now?"""
+        """Readiness: can the process accept data now?  Reads the receivers' own
+        admission check (:meth:`Pipeline.refusal`), so it is 503 whenever they refuse."""
         if self._stopping:
             return False, "shutting down"
         if not self._listening:

@@ -189,6 +189,14 @@ class Telemetry:
             ["component"],
             registry=r,
         )
+        self.wal_records_skipped = Counter(
+            "ragtrace_wal_records_skipped",
+            "Write-ahead log records skipped while reading it back: corrupt (damaged, "
+            "the records after it are still read) or torn_tail (the last write of the newest "
+            "segment, cut short by a crash and never acknowledged).",
+            ["reason"],
+            registry=r,
+        )
         self.event_loop_lag = Histogram(
             "ragtrace_event_loop_lag_seconds",
             "How late the event loop ran a timer it was asked to run: work that blocked it.",

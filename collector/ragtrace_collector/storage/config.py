@@ -21,9 +21,11 @@ class StorageConfig(BaseModel):
     #: crash loses what was acknowledged but not yet exported.
     directory: Path | None = None
     #: Disk the log may use.  At this size receivers answer with back-pressure (429 /
-    #: RESOURCE_EXHAUSTED) until exporters catch up.
+    #: RESOURCE_EXHAUSTED) and ``/readyz`` with 503 until exporters catch up.  A disk
+    #: that fills up first is handled the same way, and recovers once space returns.
     max_size: ByteSize = Field(2 * 1024**3, ge=1024 * 1024)
     #: ``always``: fsync each request before acknowledging it; ``batch``: one fsync per
     #: group of requests written together (group commit), still before acknowledging;
     #: ``never``: leave flushing to the OS (survives a process crash, not a power loss).
+    #: A ``file`` exporter syncs its lines by the same policy before their entry is released.
     fsync: Literal["never", "batch", "always"] = "batch"

@@ -4,18 +4,47 @@ Layout of ``storage.directory``:
 
 * ``lock``: held with ``flock`` by the one process that uses the directory; a second
   process fails to start with :class:`StorageLocked` (the file names the holder's pid);
-* ``<first seq, 20 digits>.wal``: segment files.  Each starts with an 8-byte magic and
-  holds records, each a 16-byte header (payload length u32, CRC32 u32, sequence
-  number u64, little-endian) and the payload: one OTLP ``ExportTraceServiceRequest``
-  in binary protobuf.  The CRC covers the sequence number and the payload.  A new
-  segment starts when the current one would pass ``segment_size``, and at every open;
+* ``<first seq, 20 digits>.wal``: segment files.  Each starts with the 8-byte magic
+  ``RTWAL02\\n`` and holds records.  A record is a 28-byte header and its payload:
+
+  ====== ===== ============================================================
+  bytes  type  field
+  ====== ===== ============================================================
+  0-3    4s    marker ``a7 5e d1 0c``: where a reader resynchronises
+  4      u8    kind (:data:`KIND_REQUEST`: one OTLP ``ExportTraceServiceRequest``
+               in binary protobuf; other kinds are stored and returned as they are)
+  5      u8    flags (0)
+  6-7    u16   reserved (0)
+  8-11   u32   payload length
+  12-19  u64   sequence number
+  20-23  u32   CRC32 of the payload
+  24-27  u32   CRC32 of bytes 0-23
+  ====== ===== ============================================================
+
+  little-endian.  A new segment starts when the current one would pass
+  ``segment_size``, and at every open: a segment written by an earlier process is
+  never appended to;
 * ``checkpoint``: every record below this sequence number is settled (a hint that
   avoids replaying what was delivered; losing it only costs duplicates).
 
-A record that a crash left half-written at the end of the last segment fails its
-length or checksum test: it is skipped with a ``wal_torn_tail`` log line and the file
-is truncated before it.  A bad record elsewhere (``wal_corrupt_record``) ends the
-reading of its segment; the other segments are still read.
+Reading tells damage from a torn tail.  A record whose header checks but whose payload
+does not is skipped alone (its length is known).  A record whose header does not check
+is skipped up to the next marker that starts a valid record.  Either is logged as
+``wal_corrupt_record`` with the segment and offset and counted; the records after it
+are read.  Only a bad region that runs to the end of the newest segment, starting
+with an incomplete record (a header cut short, or a payload longer than the file), is
+a torn tail: a write a crash cut short, never acknowledged.  It is logged as
+``wal_torn_tail``, counted, and cut off the file.  Nothing valid is ever truncated.
+
+Segments of the previous format (``RTWAL01\\n``, 16-byte headers without marker) are
+still read, so an upgrade loses nothing; that format cannot resynchronise, so a bad
+record there ends the reading of its segment (logged and counted).  New records are
+always written in the current format.
+
+A failed write (``ENOSPC``, a short write, an I/O error) is cut back to where the call
+started, in the same segment, which stays the active one: no partial record is left
+behind and no new segment is opened.  All writes go through :class:`FileOps`, the
+injection point of the tests (:mod:`.fileops`, shared with the file exporter).
 
 Everything here is synchronous file I/O, used from one thread at a time (the storage
 writer thread, or a worker thread at startup); :mod:`.service` keeps it off the event
@@ -29,32 +58,82 @@ import fcntl
 import os
 import struct
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Final, Literal
+from typing import IO, Final, Literal, NamedTuple
 
 from ragtrace_collector.service.lazylog import LazyLogger
+from ragtrace_collector.storage.fileops import FileOps, write_all, writev_all
 
-__all__ = ["Segment", "StorageError", "StorageLocked", "WriteAheadLog", "directory_problem"]
+__all__ = [
+    "KIND_REQUEST",
+    "FileOps",
+    "Placed",
+    "Record",
+    "Segment",
+    "StorageError",
+    "StorageLocked",
+    "WriteAheadLog",
+    "directory_problem",
+]
 
 FsyncPolicy = Literal["never", "batch", "always"]
 
-_MAGIC: Final = b"RTWAL01\n"
-_HEADER: Final = struct.Struct("<IIQ")
+#: A record holding one OTLP ``ExportTraceServiceRequest`` (binary protobuf).
+KIND_REQUEST: Final = 1
+
+_MAGIC: Final = b"RTWAL02\n"
+_MAGIC_V1: Final = b"RTWAL01\n"
+_MARK: Final = b"\xa7\x5e\xd1\x0c"
+_HEAD: Final = struct.Struct("<4sBBHIQI")  # marker, kind, flags, reserved, length, seq, pcrc
+_HCRC: Final = struct.Struct("<I")
+HEADER_SIZE: Final = _HEAD.size + _HCRC.size
+_V1_HEADER: Final = struct.Struct("<IIQ")  # length, crc (seq + payload), seq
 _SEQ: Final = struct.Struct("<Q")
 _CHECKPOINT: Final = struct.Struct("<QI")
 _SUFFIX: Final = ".wal"
 _LOCK_NAME: Final = "lock"
+_PROBE_NAME: Final = "probe.tmp"
 _MAX_PAYLOAD: Final = 0xFFFF_FFFF
+_TORN: Final = frozenset({"incomplete header", "incomplete payload"})
+_TORN_DETAIL: Final = "a write cut short by a crash (never acknowledged); cut off"
 
 
 class StorageError(Exception):
-    """The write-ahead log cannot be used (directory, permissions, disk)."""
+    """The write-ahead log cannot be used (directory, permissions, disk).
+
+    From :meth:`WriteAheadLog.append`: ``placed`` lists the records of the call that
+    were written and synced before the failure (the rest were cut back)."""
+
+    def __init__(self, message: str, placed: list[Placed] | None = None) -> None:
+        super().__init__(message)
+        self.placed: list[Placed] = placed or []
 
 
 class StorageLocked(StorageError):
     """Another process holds the directory."""
+
+
+class AppendTimeout(StorageError):
+    """A write did not complete within the append timeout.  It may still complete: the
+    request is answered as refused (the client retries), but the record can land."""
+
+
+class Record(NamedTuple):
+    """One record read back: its sequence number, kind and payload."""
+
+    seq: int
+    kind: int
+    payload: bytes
+
+
+class Placed(NamedTuple):
+    """Where :meth:`WriteAheadLog.append` put a record: seq, segment, bytes on disk."""
+
+    seq: int
+    segment: int
+    size: int
 
 
 @dataclass(slots=True)
@@ -64,22 +143,74 @@ class Segment:
     first_seq: int
     path: Path
     size: int
+    #: Set once a reader has logged and counted this segment's bad records.
+    reported: bool = field(default=False, compare=False)
 
 
 def _crc(seq: int, payload: bytes) -> int:
+    """The previous format's checksum (sequence number, then payload)."""
     return zlib.crc32(payload, zlib.crc32(_SEQ.pack(seq)))
 
 
-class WriteAheadLog:
-    """The files of one WAL directory (see the module docstring)."""
+def _header(seq: int, kind: int, payload: bytes) -> bytes:
+    head = _HEAD.pack(_MARK, kind, 0, 0, len(payload), seq, zlib.crc32(payload))
+    return head + _HCRC.pack(zlib.crc32(head))
 
-    def __init__(self, directory: Path, *, segment_size: int, fsync: FsyncPolicy) -> None:
+
+def _parse(data: bytes, offset: int) -> tuple[Record | None, int, str]:
+    """The record at ``offset``: (record, next offset, "") or (None, next, problem);
+    ``next`` is known only when the header checked (else it is ``offset + 1``)."""
+    end = len(data)
+    if end - offset < HEADER_SIZE:
+        return None, offset + 1, "incomplete header"
+    mark, kind, _flags, _reserved, length, seq, pcrc = _HEAD.unpack_from(data, offset)
+    if mark != _MARK:
+        return None, offset + 1, "no record marker"
+    (hcrc,) = _HCRC.unpack_from(data, offset + _HEAD.size)
+    if zlib.crc32(data[offset : offset + _HEAD.size]) != hcrc:
+        return None, offset + 1, "header checksum mismatch"
+    body = offset + HEADER_SIZE
+    if body + length > end:
+        return None, offset + 1, "incomplete payload"
+    payload = data[body : body + length]
+    if zlib.crc32(payload) != pcrc:
+        return None, body + length, "payload checksum mismatch"
+    return Record(seq, kind, payload), body + length, ""
+
+
+def _resync(data: bytes, start: int) -> int | None:
+    """The offset of the next valid record at or after ``start``, or None."""
+    at = data.find(_MARK, start)
+    while at != -1:
+        if _parse(data, at)[0] is not None:
+            return at
+        at = data.find(_MARK, at + 1)
+    return None
+
+
+class WriteAheadLog:
+    """The files of one WAL directory (see the module docstring).
+
+    ``on_skipped(reason)`` is called for every record skipped while reading
+    (``corrupt`` or ``torn_tail``), from the reading thread."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_size: int,
+        fsync: FsyncPolicy,
+        file_ops: FileOps | None = None,
+        on_skipped: Callable[[str], None] | None = None,
+    ) -> None:
         self.directory = directory
         self._segment_size = segment_size
         self._fsync = fsync
+        self.file_ops = file_ops if file_ops is not None else FileOps()
+        self._on_skipped = on_skipped
         self._log = LazyLogger("storage")
         self._lock_fh: IO[str] | None = None
-        self._active: IO[bytes] | None = None
+        self._fd: int | None = None
         self._active_segment: Segment | None = None
         #: Segments on disk in order, the active one last; set by :meth:`open`.
         self.segments: list[Segment] = []
@@ -113,14 +244,15 @@ class WriteAheadLog:
         lock.write(f"{os.getpid()}\n")
         lock.flush()
         self._lock_fh = lock
+        (self.directory / _PROBE_NAME).unlink(missing_ok=True)
         self.checkpoint = self._read_checkpoint()
         self.segments = self._list_segments()
         next_seq = max(self.checkpoint, 1)
         if self.segments:
             last = self.segments[-1]
             next_seq = max(next_seq, last.first_seq)
-            for seq, _ in self.records(last, tail=True):
-                next_seq = max(next_seq, seq + 1)
+            for record in self.records(last):
+                next_seq = max(next_seq, record.seq + 1)
         self.next_seq = next_seq
 
     def close(self) -> None:
@@ -141,146 +273,238 @@ class WriteAheadLog:
         return found
 
     # ------------------------------------------------------------------- read
-    def records(self, segment: Segment, *, tail: bool = False) -> Iterator[tuple[int, bytes]]:
-        """The valid records of ``segment`` in order.  ``tail``: it is the last segment,
-        so a bad record at its end is a torn write, cut off the file."""
+    def records(self, segment: Segment) -> Iterator[Record]:
+        """The valid records of ``segment`` in order, skipping (and, the first time a
+        segment is read, logging and counting) damaged ones; the torn tail of the
+        newest segment is cut off the file."""
         try:
             data = segment.path.read_bytes()
         except FileNotFoundError:
             return
+        report = not segment.reported
+        segment.reported = True
+        newest = bool(self.segments) and segment is self.segments[-1]
+        if data.startswith(_MAGIC_V1):
+            yield from self._records_v1(segment, data, report=report, newest=newest)
+            return
+        offset = len(_MAGIC)
         if not data.startswith(_MAGIC):
             if len(data) < len(_MAGIC) and _MAGIC.startswith(data):
                 return  # created, then the process died before writing the magic
-            self._log.error(
-                "wal_corrupt_record", segment=segment.path.name, offset=0, detail="bad magic"
-            )
-            self.skipped_records += 1
-            return
-        offset = len(_MAGIC)
+            if report:
+                self._log.error(
+                    "wal_corrupt_record",
+                    segment=segment.path.name,
+                    offset=0,
+                    detail="bad segment magic; records are searched for by their marker",
+                )
+            offset = 0
         end = len(data)
         while offset < end:
-            problem = ""
-            if end - offset < _HEADER.size:
-                problem = "incomplete header"
-            else:
-                length, crc, seq = _HEADER.unpack_from(data, offset)
-                body_at = offset + _HEADER.size
-                if body_at + length > end:
-                    problem = "incomplete payload"
-                else:
-                    payload = data[body_at : body_at + length]
-                    if _crc(seq, payload) != crc:
-                        problem = "checksum mismatch"
-            if problem:
-                self.skipped_records += 1
-                if tail:
-                    self._log.warning(
-                        "wal_torn_tail",
-                        segment=segment.path.name,
-                        offset=offset,
-                        bytes_skipped=end - offset,
-                        detail=f"{problem}: a write cut short by a crash; the rest is replayed",
+            record, after, problem = _parse(data, offset)
+            if record is not None:
+                yield record
+                offset = after
+                continue
+            resume = after if problem == "payload checksum mismatch" else _resync(data, after)
+            if resume is None and newest and problem in _TORN:
+                if report:
+                    self._skipped(
+                        segment, offset, end, torn=True, detail=f"{problem}: {_TORN_DETAIL}"
                     )
                     with open(segment.path, "r+b") as fh:
                         fh.truncate(offset)
                     segment.size = offset
+                return
+            if report:
+                stop = end if resume is None else resume
+                self._skipped(
+                    segment,
+                    offset,
+                    stop,
+                    torn=False,
+                    detail=f"{problem}: this record is skipped, the records after it are read",
+                )
+            if resume is None:
+                return
+            offset = resume
+
+    def _records_v1(
+        self, segment: Segment, data: bytes, *, report: bool, newest: bool
+    ) -> Iterator[Record]:
+        """A segment of the previous format: no marker, so a bad record ends it."""
+        offset, end = len(_MAGIC_V1), len(data)
+        while offset < end:
+            problem = ""
+            if end - offset < _V1_HEADER.size:
+                problem = "incomplete header"
+            else:
+                length, crc, seq = _V1_HEADER.unpack_from(data, offset)
+                body = offset + _V1_HEADER.size
+                if body + length > end:
+                    problem = "incomplete payload"
                 else:
-                    self._log.error(
-                        "wal_corrupt_record",
-                        segment=segment.path.name,
-                        offset=offset,
-                        bytes_skipped=end - offset,
-                        detail=f"{problem}: the rest of this segment is skipped",
+                    payload = data[body : body + length]
+                    if _crc(seq, payload) != crc:
+                        problem = "checksum mismatch"
+            if problem:
+                if report:
+                    self._skipped(
+                        segment,
+                        offset,
+                        end,
+                        torn=newest and problem in _TORN,
+                        detail=f"{problem} in a segment of the previous format (RTWAL01), "
+                        "which cannot resynchronise: the rest of this segment is skipped",
                     )
                 return
-            yield seq, payload
-            offset = body_at + length
+            yield Record(seq, KIND_REQUEST, payload)
+            offset = body + length
+
+    def _skipped(
+        self, segment: Segment, offset: int, stop: int, *, torn: bool, detail: str
+    ) -> None:
+        """Count and log one skipped record (bytes ``offset`` to ``stop``)."""
+        self.skipped_records += 1
+        if self._on_skipped is not None:
+            self._on_skipped("torn_tail" if torn else "corrupt")
+        log = self._log.warning if torn else self._log.error
+        log(
+            "wal_torn_tail" if torn else "wal_corrupt_record",
+            segment=segment.path.name,
+            offset=offset,
+            bytes_skipped=stop - offset,
+            detail=detail,
+        )
 
     # ------------------------------------------------------------------ write
-    def append(self, records: list[tuple[int, bytes]]) -> list[tuple[int, int, int]]:
-        """Write records (sequence number, payload) in order; durable per the fsync policy
-        when this returns.  Returns (seq, segment first seq, bytes on disk) per record.
+    def append(self, records: Sequence[tuple[int, bytes, int]]) -> list[Placed]:
+        """Write records (sequence number, payload, kind) in order; durable per the
+        fsync policy when this returns.  Returns where each record went.
 
-        On an error, what this call wrote is cut off again and the segment is closed, so
-        no half-written record sits in front of later ones.
+        On an error, what this call wrote to the active segment since its last sync is
+        cut back (the segment stays active), and :class:`StorageError` carries the
+        records written and synced before (:attr:`StorageError.placed`).
         """
-        placed: list[tuple[int, int, int]] = []
-        fh: IO[bytes] | None = None
-        start = 0
+        placed: list[Placed] = []
+        run: list[bytes] = []
+        run_placed: list[Placed] = []
+        for _, payload, _ in records:
+            if len(payload) > _MAX_PAYLOAD:
+                raise StorageError(f"a request of {len(payload)} bytes is too large")
+        pending = 0  # bytes gathered in `run`, not yet written
         try:
-            for seq, payload in records:
-                if len(payload) > _MAX_PAYLOAD:
-                    raise StorageError(f"a request of {len(payload)} bytes is too large")
-                size = _HEADER.size + len(payload)
+            for seq, payload, kind in records:
+                size = HEADER_SIZE + len(payload)
                 segment = self._active_segment
                 if segment is None or (
-                    segment.size + size > self._segment_size and segment.size > len(_MAGIC)
+                    segment.size + pending + size > self._segment_size
+                    and segment.size + pending > len(_MAGIC)
                 ):
-                    if fh is not None:
-                        self._sync(fh)
-                    fh = self._rotate(seq)
+                    self._write_run(run, run_placed, placed)
+                    self._rotate(seq)
                     segment = self._active_segment
                     assert segment is not None
-                    start = segment.size
-                elif fh is None:
-                    fh = self._active
-                    assert fh is not None
-                    start = segment.size
-                fh.write(_HEADER.pack(len(payload), _crc(seq, payload), seq))
-                fh.write(payload)
-                segment.size += size
+                    pending = 0
+                run.append(_header(seq, kind, payload))
+                run.append(payload)
+                run_placed.append(Placed(seq, segment.first_seq, size))
+                pending += size
                 if self._fsync == "always":
-                    self._sync(fh)
-                placed.append((seq, segment.first_seq, size))
-            if fh is not None and self._fsync != "always":
-                self._sync(fh)
-        except (OSError, StorageError) as exc:
-            self._abort(start)
-            if isinstance(exc, StorageError):
-                raise
-            raise StorageError(f"cannot write to {self.directory}: {exc}") from None
+                    self._write_run(run, run_placed, placed)
+                    pending = 0
+            self._write_run(run, run_placed, placed)
+        except OSError as exc:
+            raise StorageError(f"cannot write to {self.directory}: {exc}", placed) from None
         return placed
 
-    def _sync(self, fh: IO[bytes]) -> None:
-        fh.flush()
-        if self._fsync != "never":
-            os.fdatasync(fh.fileno())
+    def _write_run(self, run: list[bytes], run_placed: list[Placed], placed: list[Placed]) -> None:
+        """Write and sync the records gathered for the active segment, or cut them back."""
+        if not run:
+            return
+        segment, fd = self._active_segment, self._fd
+        assert segment is not None
+        assert fd is not None
+        start = segment.size
+        try:
+            segment.size += writev_all(self.file_ops, fd, run)
+            self._sync(fd)
+        except OSError:
+            self._cut_back(start)
+            raise
+        placed.extend(run_placed)
+        run.clear()
+        run_placed.clear()
 
-    def _rotate(self, first_seq: int) -> IO[bytes]:
+    def _sync(self, fd: int) -> None:
+        if self._fsync != "never":
+            self.file_ops.fdatasync(fd)
+
+    def _cut_back(self, start: int) -> None:
+        """Remove a partial write; if even that fails, retire the segment (the next
+        write opens a new one, and a reader skips the partial record)."""
+        segment, fd = self._active_segment, self._fd
+        assert segment is not None
+        assert fd is not None
+        try:
+            self.file_ops.truncate(fd, start)
+            segment.size = start
+        except OSError as exc:
+            self._log.error(
+                "wal_cut_back_failed", segment=segment.path.name, offset=start, error=str(exc)
+            )
+            self._close_active()
+
+    def _rotate(self, first_seq: int) -> None:
         self._close_active()
         path = self.directory / f"{first_seq:020d}{_SUFFIX}"
-        fh = open(path, "wb")  # noqa: SIM115 (the active segment stays open)
-        fh.write(_MAGIC)
-        segment = Segment(first_seq, path, len(_MAGIC))
-        self._active, self._active_segment = fh, segment
+        # O_APPEND: after a cut back, the next write lands at the new end of the file.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        try:
+            write_all(self.file_ops, fd, _MAGIC)
+            if self._fsync != "never":
+                self._sync(fd)
+                self._sync_directory()
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            self.segments = [s for s in self.segments if s.path != path]
+            raise
+        segment = Segment(first_seq, path, len(_MAGIC), reported=True)
+        self._fd, self._active_segment = fd, segment
         # An empty segment left by a crash may carry the same name: it is replaced.
         self.segments = [s for s in self.segments if s.first_seq != first_seq]
         self.segments.append(segment)
-        if self._fsync != "never":
-            with contextlib.suppress(OSError):
-                fd = os.open(self.directory, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        return fh
 
-    def _abort(self, start: int) -> None:
-        segment, fh = self._active_segment, self._active
-        if segment is not None and fh is not None:
-            with contextlib.suppress(OSError):
-                fh.flush()
-            with contextlib.suppress(OSError):
-                fh.truncate(start)
-                segment.size = start
-        self._close_active()
+    def _sync_directory(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            self.file_ops.fsync(fd)
+        finally:
+            os.close(fd)
 
     def _close_active(self) -> None:
-        if self._active is not None:
+        if self._fd is not None:
             with contextlib.suppress(OSError):
-                self._active.close()
-        self._active = None
+                os.close(self._fd)
+        self._fd = None
         self._active_segment = None
+
+    def probe(self, size: int) -> None:
+        """Check that ``size`` bytes can be written and synced now (after a failed
+        write): a scratch file, removed again.  Raises :class:`StorageError`."""
+        path = self.directory / _PROBE_NAME
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                write_all(self.file_ops, fd, bytes(size))
+                self._sync(fd)
+            finally:
+                os.close(fd)
+                path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot write to {self.directory}: {exc}") from None
 
     # ----------------------------------------------------------------- delete
     @property

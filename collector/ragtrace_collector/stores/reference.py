@@ -530,6 +530,7 @@ class ReferenceStore(Component):
         old version stays in service.
         """
         with self._lock:
+            signature: tuple[int, int] | None = None
             try:
                 signature = self._stat()
                 if signature == self._signature:
@@ -547,8 +548,10 @@ class ReferenceStore(Component):
                         entries=self._index.size,
                     )
                 self._failed_digest = digest
-                with contextlib.suppress(ReferenceStoreError):
-                    self._signature = self._stat()
+                if signature is not None:
+                    # The file as it was before the read that failed, never a later
+                    # stat: a fix written meanwhile must still look like a change.
+                    self._signature = signature
                 return False
             self.report_ok()
             if changed:
