@@ -155,6 +155,11 @@ EVAL_SAMPLE_RATE: Final = "ragtrace.eval.sample_rate"
 EVAL_SAMPLED: Final = "ragtrace.eval.sampled"
 EVAL_COST_USD: Final = "ragtrace.eval.cost_usd"
 EVAL_LATENCY_MS: Final = "ragtrace.eval.latency_ms"
+#: Written by the collector on a case span whose retrieved ids were compared with
+#: reference ids: where each document's id was read (``document.id``,
+#: ``metadata.doc_id``, ...; several comma-separated when documents differ).  Outside
+#: ``ragtrace.eval.*``, which holds results and the evaluation summary only.
+DOCUMENT_ID_SOURCE: Final = "ragtrace.retrieval.document_id_source"
 
 # suffixes of ragtrace.eval.<metric>.<field>
 EVAL_FIELD_SCORE: Final = "score"
