@@ -134,6 +134,8 @@ GEN_AI_OPERATION_INVOKE_WORKFLOW: Final = "invoke_workflow"
 TRACELOOP_SPAN_KIND: Final = "traceloop.span.kind"
 TRACELOOP_KIND_WORKFLOW: Final = "workflow"
 TRACELOOP_KIND_AGENT: Final = "agent"
+#: Every span of the LlamaIndex instrumentation below its top span is a ``task``.
+TRACELOOP_KIND_TASK: Final = "task"
 TRACELOOP_ENTITY_INPUT: Final = "traceloop.entity.input"
 TRACELOOP_ENTITY_OUTPUT: Final = "traceloop.entity.output"
 #: ``Traceloop.set_association_properties({"session_id": ...})``
