@@ -98,6 +98,12 @@ class Convention(Protocol):
         ...
 
     @property
+    def name_suffixes(self) -> tuple[str, ...]:
+        """Span name endings that mark a span this convention may use (the prefilter
+        searches the serialised spans for them, as for :attr:`markers`)."""
+        ...
+
+    @property
     def role_keys(self) -> frozenset[str]:
         """Every attribute key :meth:`role` reads: case building decodes only these
         before it knows which spans it needs (the rest of a span's attributes are
