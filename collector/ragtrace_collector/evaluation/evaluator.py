@@ -204,6 +204,11 @@ class OnlineEvaluator(Component):
         order = sorted(m.name for m in (*self.case_metrics, *self.conversation_metrics))
         self._positions = {name: i for i, name in enumerate(order)}
 
+    @property
+    def status_detail(self) -> str | None:
+        """The reference-id overlap warning (cases.id_overlap_window), if any."""
+        return self._case_rules.document_ids.warning()
+
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Start the workers (needs a running event loop)."""
