@@ -176,11 +176,12 @@ def test_output_ids_are_not_taken_when_the_content_differs() -> None:
     assert [d.id for d in got] == ["x", None]
 
 
-def test_session_from_openinference_orders_turns_by_start_time() -> None:
+def test_session_from_openinference_leaves_the_numbering_to_the_store() -> None:
+    """No ragtrace.turn.index: no invented index (the session store numbers the turn)."""
     spans = _langchain_trace(session="s-1")
     [built] = build_cases(spans)
     assert built.session_id == "s-1"
-    assert built.turn_index == spans[-1].start_time_unix_nano // 1000
+    assert built.turn_index is None
 
 
 def test_trace_without_retriever_has_no_case_and_is_never_decoded() -> None:

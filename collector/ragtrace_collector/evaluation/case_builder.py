@@ -33,8 +33,8 @@ builds one :class:`BuiltCase` per case span.  The rest of the collector sees onl
   field;
 * the conversation: the session id (``session.id``, ``gen_ai.conversation.id``,
   Traceloop's ``session_id`` association property) from the case span, else from its
-  retriever spans; the turn index from ``ragtrace.turn.index``, else (in a session)
-  the case span's start time in microseconds, which orders the turns.
+  retriever spans; the turn index from ``ragtrace.turn.index``, else None (in a
+  session, the session store then numbers the turn: 1, 2, 3, ... by start time).
 
 A document without captured content still contributes its id to the ID metrics, but
 then the text metrics see no retrieval context and are skipped with a reason, rather
@@ -706,12 +706,10 @@ def _build_one(
 
     span = node.span
     turn = attrs.get(semconv.TURN_INDEX)
-    if isinstance(turn, (int, float)) and not isinstance(turn, bool):
-        turn_index: int | None = int(turn)
-    elif session_id:
-        turn_index = span.start_time_unix_nano // 1000
-    else:
-        turn_index = None
+    # No index: None, and the session store numbers the turn (1, 2, 3, ... by start).
+    turn_index = (
+        int(turn) if isinstance(turn, (int, float)) and not isinstance(turn, bool) else None
+    )
     trace_id = span.trace_id.hex()
     span_id = span.span_id.hex()
     case = trusted(
