@@ -671,10 +671,12 @@ def _build_one(
     retrieval_context: list[ContextItem] | None = None
     retrieved_ids: list[str] | None = None
     document_sources: list[DocumentSource] | None = None
+    mismatch: str | None = None
     if found is not None:
         docs = found.docs
         choice = rules.document_ids.choose(service, docs, found.conventions, reference_ids)
         doc_ids = choice.ids
+        mismatch = choice.mismatch
         document_sources = [
             DocumentSource(span_hex, position, doc_id)
             for (span_hex, position), doc_id in zip(found.where, doc_ids, strict=True)
@@ -684,7 +686,8 @@ def _build_one(
         # No document at all: an empty retrieval, which the ID metrics score as 0.
         retrieved_ids = ids if (ids or not docs) else None
         if reference_ids and ids:
-            rules.document_ids.observe(service, ids, reference_ids, choice.source)
+            if choice.mismatch is None:
+                rules.document_ids.observe(service, ids, reference_ids, choice.source)
             if choice.source is not None:
                 set_attribute(node.span.attributes, semconv.DOCUMENT_ID_SOURCE, choice.source)
                 attrs[semconv.DOCUMENT_ID_SOURCE] = choice.source
@@ -723,6 +726,7 @@ def _build_one(
             "reference_context_ids": reference_ids,
             "retrieved_context_ids": retrieved_ids,
             "case_id": f"{trace_id}:{span_id}",
+            "retrieved_ids_mismatch": mismatch,
         },
     )
     return BuiltCase(

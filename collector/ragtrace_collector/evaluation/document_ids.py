@@ -37,6 +37,7 @@ failing: both look the same from here).
 from __future__ import annotations
 
 import difflib
+import re
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -54,6 +55,7 @@ __all__ = [
     "IdChoice",
     "IdOverlapWatch",
     "check_source",
+    "looks_generated",
     "lookup",
 ]
 
@@ -82,6 +84,15 @@ CANDIDATE_SOURCES: Final = (
 )
 #: Example ids kept per side for the overlap warning.
 _EXAMPLES = 3
+#: Ids a framework generates: a UUID, or a hex digest (Haystack's SHA-256 of the content).
+_GENERATED = re.compile(
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32,}", re.IGNORECASE
+)
+
+
+def looks_generated(value: str) -> bool:
+    """True for an id that a framework generated rather than a user chose."""
+    return _GENERATED.fullmatch(value) is not None
 
 
 def check_source(text: str) -> str:
@@ -146,8 +157,12 @@ class IdChoice(NamedTuple):
     ids: list[str | None]
     #: The sources used, in order of first use, comma-separated; None: no id at all.
     source: str | None
-    #: True when chosen over the default ids because only it matched reference ids.
+    #: True when chosen over the default ids (only it matched the reference ids, or it
+    #: holds the user's ids where the default holds generated ones).
     switched: bool = False
+    #: Set when the ids are of another kind than the reference ids: why (the ID
+    #: metrics are skipped with it).
+    mismatch: str | None = None
 
 
 def _choose(
@@ -270,6 +285,8 @@ class DocumentIds:
         self.watch: IdOverlapWatch | None = IdOverlapWatch(window) if watch else None
         #: service -> the source a switch chose for it
         self._remembered: dict[str, str] = {}
+        #: services whose generated ids were logged as not comparable
+        self._mismatched: set[str] = set()
         self._log = LazyLogger("document_ids")
 
     def choose(
@@ -304,7 +321,7 @@ class DocumentIds:
         if best is None:
             best = self._remembered.get(service)
             if best is None or all(_value(d, best) is None for d in docs):
-                return choice
+                return self._no_overlap(service, docs, choice, reference_ids)
         elif self._remembered.get(service) != best:
             self._remembered[service] = best
             self._log.warning(
@@ -318,6 +335,40 @@ class DocumentIds:
             )
         chosen = _choose(docs, [(best, *DEFAULT_SOURCES)] * len(docs), fallback=True)
         return IdChoice(chosen.ids, chosen.source, True)
+
+    def _no_overlap(
+        self,
+        service: str,
+        docs: Sequence[Document],
+        choice: IdChoice,
+        reference_ids: Sequence[str],
+    ) -> IdChoice:
+        """No source matches a reference id.  When the default ids are all generated
+        ones and the reference ids are not, they cannot be compared: another source
+        holding ids a user chose is used if the documents have one (a true 0), else
+        the ID metrics are skipped with a reason (never a 0 from comparing a UUID with
+        a document name)."""
+        ids = [i for i in choice.ids if i is not None]
+        if not ids or not all(map(looks_generated, ids)):
+            return choice
+        if any(map(looks_generated, reference_ids)):
+            return choice
+        for source in CANDIDATE_SOURCES:
+            values = [_value(d, source) for d in docs]
+            if any(v is not None and not looks_generated(v) for v in values):
+                chosen = _choose(docs, [(source, *DEFAULT_SOURCES)] * len(docs), fallback=True)
+                return IdChoice(chosen.ids, chosen.source, True)
+        mismatch = (
+            f"retrieved ids (read from {choice.source}: {', '.join(ids[:2])}) are ids the"
+            " framework generated and the reference ids"
+            f" ({', '.join(list(reference_ids)[:2])}) are not: not compared. Keep your"
+            " document id in the document's metadata (e.g. doc_id), or name where it is"
+            " with cases.document_id"
+        )
+        if service not in self._mismatched:
+            self._mismatched.add(service)
+            self._log.warning("document_ids_not_comparable", service=service, detail=mismatch)
+        return IdChoice(choice.ids, choice.source, False, mismatch)
 
     def observe(
         self, service: str, retrieved: Sequence[str], reference: Sequence[str], source: str | None
