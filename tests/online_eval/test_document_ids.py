@@ -120,14 +120,17 @@ def test_default_ids_that_match_are_kept() -> None:
 
 def test_the_best_matching_source_wins_and_the_service_remembers_it() -> None:
     rules = CaseRules()
-    docs = [(_uuid(), {"ref_doc_id": "kb-01", "chunk_id": "kb-01#3"})]
+    docs = [("node-1", {"ref_doc_id": "kb-01", "chunk_id": "kb-01#3"})]
     built = _one(_llama_trace(docs, ["kb-01"]), rules, service="shop")
     assert built.case.retrieved_context_ids == ["kb-01"]
     # a later case of the same service that matches nothing keeps the kind of id
-    miss = [(_uuid(), {"ref_doc_id": "kb-07", "chunk_id": "kb-07#1"})]
+    miss = [("node-2", {"ref_doc_id": "kb-07", "chunk_id": "kb-07#1"})]
     later = _one(_llama_trace(miss, ["kb-01"]), rules, service="shop")
     assert later.case.retrieved_context_ids == ["kb-07"]
     assert _score("id_context_recall", later)[0] == 0.0
+    # another service has not switched
+    other = _one(_llama_trace(miss, ["kb-01"]), rules, service="blog")
+    assert other.case.retrieved_context_ids == ["node-2"]
 
 
 def test_no_reference_ids_no_switch() -> None:

@@ -232,8 +232,10 @@ def _document(rule: RetrieverRule, item: Any) -> Document:
         else None,
         metadata=dict(metadata) if isinstance(metadata, Mapping) else {},
     )
-    if doc_id is not None:
-        doc.ids[ID_DOCUMENT] = doc_id
+    if doc_id is not None and (
+        rule.id is not None or doc_id != extract_document({"metadata": record.metadata}).id
+    ):
+        doc.ids[ID_DOCUMENT] = doc_id  # its own id, not one read from its metadata
     return doc
 
 
