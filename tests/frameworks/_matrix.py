@@ -1,0 +1,213 @@
+"""The supported matrix's harness: a small fixed corpus with its ground truth, a
+keyword retriever every app ranks with (so the expected ids are computed by hand), and
+the real ``ragtrace-collector serve`` of tests/e2e with that ground truth in its
+reference store.
+
+**The corpus and what a top-2 keyword retrieval returns** (words of more than three
+letters the question shares with a document; ties keep corpus order):
+
+=============================================  ==========================  ==============
+question                                       top 2 (shared words)        reference ids
+=============================================  ==========================  ==============
+What is the capital of France?                 kb_paris (2), kb_berlin (1)  kb_paris
+When was the Eiffel Tower completed?           kb_eiffel (3), kb_paris (0)  kb_eiffel
+Which museum is the most visited?              kb_louvre (3), kb_paris (0)  kb_louvre
+=============================================  ==========================  ==============
+
+So every question, retrieved with the user's ids, scores id_context_recall 1/1 = 1.0
+and id_context_precision 1/2 = 0.5.  The LlamaIndex apps embed with
+:func:`keyword_vector` (bag of these words, cosine) and Haystack ranks with BM25: both
+give the same top 2 for the first question (cosine 2/√10 and 1/√6, the rest 0; BM25
+3.74 and 2.56 against 0.59).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ragtrace import semconv
+from ragtrace_collector.cases import ContextItem, RAGCase
+from ragtrace_collector.judges.offline import OfflineJudge
+from ragtrace_collector.metrics import build_metric
+from tests.e2e._instrumented import CASE_METRICS, KB, Retrieved, provider
+from tests.e2e._support import Serve, assert_scored, flat, serve_config
+from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
+
+__all__ = [
+    "CASE_METRICS",
+    "KB",
+    "QUESTIONS",
+    "REFERENCES",
+    "Retrieved",
+    "assert_ids_scored",
+    "assert_ids_skipped",
+    "assert_text_metrics_scored",
+    "keyword_vector",
+    "matrix_collector",
+    "provider",
+    "rank",
+    "results",
+    "scored",
+    "tops",
+    "wait_scored",
+]
+
+QUESTIONS = (
+    "What is the capital of France?",
+    "When was the Eiffel Tower completed?",
+    "Which museum is the most visited?",
+)
+#: Ground truth per question, served by the collector's reference store.
+REFERENCES: dict[str, list[str]] = {
+    QUESTIONS[0]: ["kb_paris"],
+    QUESTIONS[1]: ["kb_eiffel"],
+    QUESTIONS[2]: ["kb_louvre"],
+}
+#: What every app retrieves per question (see the module docstring), and the id scores
+#: a correct collector writes for it: recall 1/1, precision 1/2.
+TOP_2: dict[str, list[str]] = {
+    QUESTIONS[0]: ["kb_paris", "kb_berlin"],
+    QUESTIONS[1]: ["kb_eiffel", "kb_paris"],
+    QUESTIONS[2]: ["kb_louvre", "kb_paris"],
+}
+EXPECTED_RECALL = 1.0
+EXPECTED_PRECISION = 0.5
+ID_METRICS = ("id_context_recall", "id_context_precision")
+TEXT_METRICS = tuple(m for m in CASE_METRICS if m not in ID_METRICS)
+
+
+def _words(text: str) -> set[str]:
+    return {w.strip("?.,!").lower() for w in text.split() if len(w.strip("?.,!")) > 3}
+
+
+_VOCABULARY = sorted(set().union(*(_words(t) for t in KB.values())))
+
+
+def rank(query: str, k: int = 2) -> list[str]:
+    """The ``k`` corpus ids sharing most words with ``query`` (ties: corpus order)."""
+    words = _words(query)
+    return sorted(KB, key=lambda i: -len(words & _words(KB[i])))[:k]
+
+
+def keyword_vector(text: str) -> list[float]:
+    """A bag-of-words vector over the corpus vocabulary, unit length (a query with no
+    corpus word gets a small constant vector rather than a zero one)."""
+    words = _words(text)
+    vec = [1.0 if w in words else 0.0 for w in _VOCABULARY]
+    norm = math.sqrt(sum(vec)) or 1.0
+    return [v / norm for v in vec] if any(vec) else [1e-3] * len(vec)
+
+
+def _write_references(tmp_path: Path) -> Path:
+    path = tmp_path / "references.jsonl"
+    with path.open("w") as out:
+        for question, ids in REFERENCES.items():
+            line = {
+                "input": question,
+                "reference_context_ids": ids,
+                "reference_contexts": [KB[i] for i in ids],
+            }
+            out.write(json.dumps(line) + "\n")
+    return path
+
+
+@contextmanager
+def matrix_collector(
+    sink: OtlpSink,
+    tmp_path: Path,
+    metrics: dict[str, dict[str, Any]] | None = None,
+    **sections: Any,
+) -> Iterator[Serve]:
+    """``ragtrace-collector serve`` with the corpus's ground truth, exporting to ``sink``
+    (the case metrics by default)."""
+    config = serve_config(
+        sink,
+        metrics=metrics if metrics is not None else {name: {} for name in CASE_METRICS},
+        reference_store={"path": str(_write_references(tmp_path)), "reload_interval": 0},
+        **sections,
+    )
+    serve = Serve(config, tmp_path)
+    try:
+        yield serve
+    finally:
+        serve.kill()
+
+
+# ------------------------------------------------------------------ read-back
+def scored(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+    """The spans that carry any evaluation result."""
+    prefix = semconv.EVAL_PREFIX + "."
+    return [s for s in spans if any(k.startswith(prefix) for k in s.attributes)]
+
+
+def tops(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+    """The spans whose parent is not among ``spans``, in start order."""
+    ids = {s.span.span_id for s in spans}
+    found = [s for s in spans if s.span.parent_span_id not in ids]
+    return sorted(found, key=lambda s: s.span.start_time_unix_nano)
+
+
+def wait_scored(sink: OtlpSink, count: int, timeout: float = 60.0) -> list[ReceivedSpan]:
+    sink.wait_until(lambda: len(scored(sink.spans)) >= count, timeout)
+    return sink.spans
+
+
+def _offline(case: RAGCase, names: tuple[str, ...]) -> dict[str, float]:
+    async def run() -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name in names:
+            result = await build_metric(name).measure(case, OfflineJudge())
+            assert result.score is not None, f"{name}: {result.reason}"
+            out[name] = result.score
+        return out
+
+    return asyncio.run(run())
+
+
+def assert_ids_scored(
+    span: ReceivedSpan,
+    recall: float = EXPECTED_RECALL,
+    precision: float = EXPECTED_PRECISION,
+) -> None:
+    """The hand-computed id scores, in all three result forms."""
+    for name, score in (("id_context_recall", recall), ("id_context_precision", precision)):
+        got = flat(span, name, semconv.EVAL_FIELD_SCORE)
+        assert got == score, f"{name}: {got}, expected {score}; {results(span, name)}"
+        assert_scored(span, name, score)
+
+
+def results(span: ReceivedSpan, name: str) -> dict[str, Any]:
+    """The flat result keys of metric ``name`` on ``span`` (for failure messages)."""
+    prefix = semconv.eval_attr(name, "")
+    return {k: v for k, v in span.attributes.items() if k.startswith(prefix)}
+
+
+def assert_ids_skipped(span: ReceivedSpan, reason: str) -> None:
+    """Both id metrics skipped (no score) with ``reason`` in their reason."""
+    for name in ID_METRICS:
+        assert flat(span, name, semconv.EVAL_FIELD_SCORE) is None, results(span, name)
+        assert flat(span, name, semconv.EVAL_FIELD_SKIPPED) is True, name
+        got = flat(span, name, semconv.EVAL_FIELD_REASON)
+        assert isinstance(got, str), results(span, name)
+        assert reason in got, f"{name}: {results(span, name)}"
+
+
+def assert_text_metrics_scored(span: ReceivedSpan, question: str, got: Retrieved) -> None:
+    """The string and referenceless metrics scored as they score offline on the case
+    the app itself saw (its question, documents and answer; the corpus's ground truth)."""
+    ids = REFERENCES[question]
+    case = RAGCase(
+        input=question,
+        actual_output=got.answer,
+        retrieval_context=[ContextItem(content=t) for t in got.texts],
+        reference_context_ids=ids,
+        reference_contexts=[KB[i] for i in ids],
+    )
+    for name, score in _offline(case, TEXT_METRICS).items():
+        assert_scored(span, name, score)
