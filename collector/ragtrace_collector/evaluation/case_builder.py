@@ -14,7 +14,10 @@ builds one :class:`BuiltCase` per case span.  The rest of the collector sees onl
 * otherwise (no ``@rag`` span, no ``cases.match``): the *outermost* CHAIN or AGENT
   span (OpenInference), ``invoke_agent``/``invoke_workflow`` span (GenAI) or
   ``workflow``/``agent`` span (OpenLLMetry) that has at least one retriever span below
-  it.  A trace with no retriever has no such case (and is forwarded unscored).
+  it.  A trace with no retriever has no such case (and is forwarded unscored).  A
+  retriever named by ``cases.retrievers``
+  (:mod:`~ragtrace_collector.evaluation.configured_retrievers`) with no such span above
+  it makes its outermost ancestor (the trace's root) the case.
 
 **What a case holds.**
 
@@ -26,7 +29,13 @@ builds one :class:`BuiltCase` per case span.  The rest of the collector sees onl
   case span, the first retriever's query stands in;
 * the retrieval context: the documents of the retriever spans below the case span
   (not below a nested case span), retriever spans in start-time order, each in rank
-  order; when a reranker ran, the output order of the last reranker to finish wins;
+  order; when a reranker ran, the output order of the last reranker to finish wins.
+  Retriever spans nested in a retriever span are one retrieval: the documents of the
+  outermost span that recorded some, those without an id taking the id of the
+  same-rank document of a nested span when their contents agree;
+* the id of each document: chosen among the ids it carries to be of the reference
+  ids' kind (:mod:`~ragtrace_collector.evaluation.document_ids`); a case that compares
+  ids says where they were read in ``ragtrace.retrieval.document_id_source``;
 * ground truth from the span (``ragtrace.expected_output``,
   ``ragtrace.reference_contexts``, ``ragtrace.reference_context_ids``,
   ``ragtrace.expected_outcome``), else from the reference store by input, field by
@@ -207,11 +216,7 @@ class CaseRules:
         self._name_patterns = [p for p, equals, exists in self.matchers if p is not None]
         self._name_patterns += configured.name_patterns
         self.name_suffixes = tuple(s for c in self.conventions for s in c.name_suffixes)
-        # Raw bytes: a span name (and traceloop.entity.name) appears verbatim in the
-        # serialised span.
-        self._patterns = _marker_patterns(markers, self.event_markers) + tuple(
-            s.encode() for s in self.name_suffixes
-        )
+        self._patterns = _marker_patterns(markers, self.event_markers)
 
     def matches(self, span: trace_pb2.Span, attrs: Mapping[str, Any]) -> bool:
         for pattern, equals, exists in self.matchers:
@@ -238,7 +243,12 @@ class CaseRules:
         if self._name_patterns:
             return any(self._span_may_hold(span) for span in spans)
         small: list[bytes] = []
+        suffixes = self.name_suffixes
         for span in spans:
+            # Span names are checked one by one: cheaper than one more search of the
+            # serialised bytes per name ending (benchmarks/prefilter_name_suffixes.py).
+            if suffixes and span.name.endswith(suffixes):
+                return True
             if span.ByteSize() <= _SEARCH_LIMIT:  # sized without serialising a 10 MB span
                 small.append(span.SerializeToString())
             elif self._span_may_hold(span):
