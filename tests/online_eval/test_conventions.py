@@ -383,11 +383,13 @@ def _llama_index_traceloop_trace() -> list[trace_pb2.Span]:
         parent=task,
     )
     splitter = span("SentenceSplitter.task", {kind: "task"}, parent=task)
-    return [root, task, retriever, splitter]
+    # retrieve() -> _retrieve(): a second retriever span inside the first, same nodes.
+    inner = span("VectorIndexRetriever.task", decode(retriever), parent=retriever, start=1_100)
+    return [root, task, retriever, splitter, inner]
 
 
 def test_openllmetry_llama_index_retriever_task() -> None:
-    root, task, retriever, splitter = _llama_index_traceloop_trace()
+    root, task, retriever, splitter, inner = _llama_index_traceloop_trace()
     role_of = {s.name: openllmetry.role(s, decode(s)) for s in (root, task, retriever, splitter)}
     assert role_of == {
         "RetrieverQueryEngine.workflow": Role.ROOT,
@@ -410,10 +412,14 @@ def test_openllmetry_llama_index_retriever_task() -> None:
     assert [d.ids for d in docs] == [{"document.id": "u1"}, {"document.id": "u2"}]
     assert openllmetry.retrieval_query(attrs) == "Who wrote it?"
 
-    [built] = build_cases([root, task, retriever, splitter], prefiltered=True)
+    spans = [root, task, retriever, splitter, inner]
+    assert may_hold_case(spans)
+    [built] = build_cases(spans)
     assert built.convention == "openllmetry"
     assert (built.case.input, built.case.actual_output) == ("Who wrote it?", "Ada.")
+    # The nested pair is one retrieval: each node once.
     assert [c.content for c in built.case.retrieval_context or []] == ["Ada wrote it.", "Other."]
+    assert not may_hold_case([root, task, splitter])  # no retriever: never decoded
 
 
 def test_openllmetry_llama_index_output_of_another_shape_is_read_generically() -> None:
@@ -696,6 +702,10 @@ def _marked_spans() -> list[tuple[str, trace_pb2.Span]]:
         ("genai retrieval", span("c", {semconv.GEN_AI_OPERATION_NAME: "retrieval"})),
         ("traceloop retriever", span("d", {semconv.GEN_AI_OPERATION_NAME: "vector_db_retrieve"})),
         ("vector-db event", span("e", {}, events=[(semconv.DB_QUERY_RESULT_EVENT, {})])),
+        (
+            "llamaindex retriever task",
+            span("VectorIndexRetriever.task", {semconv.TRACELOOP_SPAN_KIND: "task"}),
+        ),
     ]
 
 
@@ -704,6 +714,14 @@ def _unmarked_spans() -> list[trace_pb2.Span]:
         span("f", {semconv.OPENINFERENCE_SPAN_KIND: "CHAIN", semconv.INPUT_VALUE: "RETRIEVER"}),
         span("g", {semconv.GEN_AI_OPERATION_NAME: "chat", "note": "retrieval"}),
         span("h", {"http.method": "GET"}, events=[("exception", {"db.query.result": "x"})]),
+        # A task span of another LlamaIndex class, naming a retriever only in its text.
+        span(
+            "RetrieverQueryEngine.task",
+            {
+                semconv.TRACELOOP_SPAN_KIND: "task",
+                semconv.TRACELOOP_ENTITY_INPUT: "VectorIndexRetriever.task",
+            },
+        ),
     ]
 
 
