@@ -53,8 +53,6 @@ than scored on empty strings.
 from __future__ import annotations
 
 import difflib
-import fnmatch
-import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +70,7 @@ from ragtrace_collector.evaluation.configured_retrievers import (
     CaseMatch,
     ConfiguredRetrievers,
     RetrieverRule,
+    SpanMatcher,
 )
 from ragtrace_collector.evaluation.document_ids import DocumentIds, check_source
 from ragtrace_collector.otlp.protowire import string_field, varint
@@ -192,14 +191,7 @@ class CaseRules:
             window=config.id_overlap_window,
             watch=watch_ids,
         )
-        self.matchers = [
-            (
-                re.compile(fnmatch.translate(m.span_name)) if m.span_name is not None else None,
-                dict(m.equals),
-                list(m.exists),
-            )
-            for m in config.match
-        ]
+        self.matchers = [SpanMatcher.of(m) for m in config.match]
         self.question_attribute = config.question_attribute
         self.answer_attribute = config.answer_attribute
         markers: dict[str, frozenset[str] | None] = {}
@@ -219,15 +211,7 @@ class CaseRules:
         self._patterns = _marker_patterns(markers, self.event_markers)
 
     def matches(self, span: trace_pb2.Span, attrs: Mapping[str, Any]) -> bool:
-        for pattern, equals, exists in self.matchers:
-            if pattern is not None and not pattern.fullmatch(span.name):
-                continue
-            if any(attrs.get(k) != v for k, v in equals.items()):
-                continue
-            if any(k not in attrs for k in exists):
-                continue
-            return True
-        return False
+        return any(m.matches(span, attrs) for m in self.matchers)
 
     def may_hold_case(self, spans: Iterable[trace_pb2.Span]) -> bool:
         """Cheap: could these spans hold a case?  True when a span carries a marker

@@ -26,7 +26,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -45,7 +45,7 @@ from ragtrace_collector.conventions.text import reduce_question
 from ragtrace_collector.evaluation.document_ids import lookup
 from ragtrace_collector.evaluation.sampling import AttrScalar
 
-__all__ = ["CaseMatch", "ConfiguredRetrievers", "RetrieverRule"]
+__all__ = ["CaseMatch", "ConfiguredRetrievers", "RetrieverRule", "SpanMatcher"]
 
 #: Documents read from one span, at most (a guard on untrusted input).
 _MAX_DOCUMENTS = 1000
@@ -68,6 +68,28 @@ class CaseMatch(BaseModel):
         if self.span_name is None and not self.equals and not self.exists:
             raise ValueError("a matcher needs span_name, equals or exists")
         return self
+
+
+class SpanMatcher(NamedTuple):
+    """A :class:`CaseMatch` compiled: the name glob as a pattern."""
+
+    pattern: re.Pattern[str] | None
+    equals: dict[str, Any]
+    exists: list[str]
+
+    @classmethod
+    def of(cls, match: CaseMatch) -> SpanMatcher:
+        pattern = None if match.span_name is None else fnmatch.translate(match.span_name)
+        return cls(
+            None if pattern is None else re.compile(pattern), dict(match.equals), list(match.exists)
+        )
+
+    def matches(self, span: trace_pb2.Span, attrs: Attrs) -> bool:
+        if self.pattern is not None and not self.pattern.fullmatch(span.name):
+            return False
+        if any(attrs.get(k) != v for k, v in self.equals.items()):
+            return False
+        return all(k in attrs for k in self.exists)
 
 
 class RetrieverRule(BaseModel):
@@ -95,53 +117,35 @@ class RetrieverRule(BaseModel):
     query: str | None = Field(None, min_length=1)
 
 
-_Compiled = tuple[re.Pattern[str] | None, dict[str, Any], list[str], RetrieverRule]
-
-
 class ConfiguredRetrievers:
     """``cases.retrievers`` as a :class:`~ragtrace_collector.conventions.base.Convention`."""
 
     name: Final = "cases.retrievers"
 
     def __init__(self, rules: Sequence[RetrieverRule]) -> None:
-        self._rules: list[_Compiled] = [
-            (
-                re.compile(fnmatch.translate(r.match.span_name))
-                if r.match.span_name is not None
-                else None,
-                dict(r.match.equals),
-                list(r.match.exists),
-                r,
-            )
-            for r in rules
-        ]
+        self._rules = [(SpanMatcher.of(r.match), r) for r in rules]
         markers: dict[str, frozenset[str] | None] = {}
-        for pattern, equals, exists, _ in self._rules:
-            if pattern is not None:
+        for matcher, _ in self._rules:
+            if matcher.pattern is not None:
                 continue  # found by name: the prefilter tries the name patterns
-            for key in (*equals, *exists):
+            for key in (*matcher.equals, *matcher.exists):
                 markers[key] = None
         self.markers: Mapping[str, frozenset[str] | None] = markers
         self.event_markers: frozenset[str] = frozenset()
         self.name_suffixes: tuple[str, ...] = ()
         self.role_keys: frozenset[str] = frozenset(
-            k for _, equals, exists, _ in self._rules for k in (*equals, *exists)
+            k for m, _ in self._rules for k in (*m.equals, *m.exists)
         )
         #: Span name patterns of the rules that have one (for the prefilter).
-        self.name_patterns = [p for p, _, _, _ in self._rules if p is not None]
+        self.name_patterns = [m.pattern for m, _ in self._rules if m.pattern is not None]
 
     def __bool__(self) -> bool:
         return bool(self._rules)
 
     def _rule(self, span: trace_pb2.Span, attrs: Attrs) -> RetrieverRule | None:
-        for pattern, equals, exists, rule in self._rules:
-            if pattern is not None and not pattern.fullmatch(span.name):
-                continue
-            if any(attrs.get(k) != v for k, v in equals.items()):
-                continue
-            if any(k not in attrs for k in exists):
-                continue
-            return rule
+        for matcher, rule in self._rules:
+            if matcher.matches(span, attrs):
+                return rule
         return None
 
     def role(self, span: trace_pb2.Span, attrs: Attrs) -> Role | None:
@@ -157,7 +161,7 @@ class ConfiguredRetrievers:
         return [_document(rule, item) for item in items[:_MAX_DOCUMENTS]]
 
     def retrieval_query(self, attrs: Attrs) -> str | None:
-        for _, _, _, rule in self._rules:
+        for _, rule in self._rules:
             if rule.query is not None and rule.query in attrs:
                 return reduce_question(attrs[rule.query])
         return None
