@@ -31,11 +31,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ragtrace import semconv
 from ragtrace_collector.cases import ContextItem, RAGCase
 from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.metrics import build_metric
-from tests.e2e._instrumented import CASE_METRICS, KB, Retrieved, provider
+from tests.e2e._instrumented import CASE_METRICS, KB, Retrieved, conversation_scores, provider
 from tests.e2e._support import Serve, assert_scored, flat, serve_config
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 
@@ -44,7 +46,10 @@ __all__ = [
     "KB",
     "QUESTIONS",
     "REFERENCES",
+    "TOP_2",
+    "TURN_METRICS",
     "Retrieved",
+    "assert_conversation_scored",
     "assert_ids_scored",
     "assert_ids_skipped",
     "assert_text_metrics_scored",
@@ -80,6 +85,8 @@ EXPECTED_RECALL = 1.0
 EXPECTED_PRECISION = 0.5
 ID_METRICS = ("id_context_recall", "id_context_precision")
 TEXT_METRICS = tuple(m for m in CASE_METRICS if m not in ID_METRICS)
+#: The turn metric of the conversation cells.
+TURN_METRICS = ("turn_contextual_relevancy",)
 
 
 def _words(text: str) -> set[str]:
@@ -211,3 +218,20 @@ def assert_text_metrics_scored(span: ReceivedSpan, question: str, got: Retrieved
     )
     for name, score in _offline(case, TEXT_METRICS).items():
         assert_scored(span, name, score)
+
+
+def assert_conversation_scored(
+    roots: list[ReceivedSpan], turns: list[tuple[str, Retrieved]]
+) -> None:
+    """Each turn: its window score and the running conversation score as offline, a
+    reason naming no turn that does not exist, and its own id recall."""
+    expected = conversation_scores(turns, TURN_METRICS)
+    for name in TURN_METRICS:
+        for n, (root, (window, running)) in enumerate(zip(roots, expected[name], strict=True), 1):
+            assert flat(root, name, semconv.EVAL_FIELD_SCORE) == pytest.approx(window), n
+            got = flat(root, name, semconv.EVAL_FIELD_CONVERSATION_SCORE)
+            assert got == pytest.approx(running), n
+            reason = flat(root, name, semconv.EVAL_FIELD_REASON)
+            assert "missing" not in reason, f"turn {n}: {reason}"
+    for root in roots:
+        assert flat(root, "id_context_recall", semconv.EVAL_FIELD_SCORE) == 1.0

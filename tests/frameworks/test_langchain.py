@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 
 from ragtrace import semconv
-from tests.e2e._instrumented import conversation_scores
-from tests.e2e._support import flat
 from tests.e2e.test_instrumentors import (  # the instrumentor fixtures, with their clean-ups
     openinference_langchain,
     openllmetry_langchain,
@@ -27,7 +25,9 @@ from tests.frameworks._matrix import (
     KB,
     QUESTIONS,
     TOP_2,
+    TURN_METRICS,
     Retrieved,
+    assert_conversation_scored,
     assert_ids_scored,
     assert_ids_skipped,
     assert_text_metrics_scored,
@@ -145,9 +145,6 @@ def test_openllmetry_drops_document_ids(
 
 
 # ------------------------------------------------------------------ conversations
-TURN_METRICS = ("turn_contextual_relevancy",)
-
-
 def _conversation(
     sink: OtlpSink, tmp_path: Path, instrumentor: Any, service: str, **per_turn: Any
 ) -> tuple[list[ReceivedSpan], list[tuple[str, Retrieved]]]:
@@ -168,23 +165,6 @@ def _conversation(
     roots = tops(spans)
     assert len(roots) == len(QUESTIONS)
     return roots, turns
-
-
-def assert_conversation_scored(
-    roots: list[ReceivedSpan], turns: list[tuple[str, Retrieved]]
-) -> None:
-    """Each turn: its window score and the running conversation score as offline, a
-    reason naming no turn that does not exist, and its own id recall."""
-    expected = conversation_scores(turns, TURN_METRICS)
-    for name in TURN_METRICS:
-        for n, (root, (window, running)) in enumerate(zip(roots, expected[name], strict=True), 1):
-            assert flat(root, name, semconv.EVAL_FIELD_SCORE) == pytest.approx(window), n
-            got = flat(root, name, semconv.EVAL_FIELD_CONVERSATION_SCORE)
-            assert got == pytest.approx(running), n
-            reason = flat(root, name, semconv.EVAL_FIELD_REASON)
-            assert "missing" not in reason, f"turn {n}: {reason}"
-    for root in roots:
-        assert flat(root, "id_context_recall", semconv.EVAL_FIELD_SCORE) == 1.0
 
 
 @pytest.mark.slow
