@@ -44,6 +44,14 @@ HAYSTACK_QUOTED = (
 )
 
 
+def _hay(role: str, text: str) -> str:
+    """A Haystack ChatMessage repr of ``role`` (USER, ASSISTANT, SYSTEM)."""
+    return (
+        f"ChatMessage(_role=<ChatRole.{role}: '{role.lower()}'>, "
+        f"_content=[TextContent(text={text!r})], _name=None, _meta={{}})"
+    )
+
+
 def decode(s: trace_pb2.Span) -> dict[str, Any]:
     return attributes_to_dict(s.attributes)
 
@@ -613,6 +621,10 @@ def test_cases_config_errors_name_the_key() -> None:
         # LlamaIndex (OpenLLMetry): a QueryBundle, or the plain string.
         (json.dumps({"str_or_query_bundle": {"query_str": "Q", "embedding": None}}), "Q"),
         (json.dumps({"str_or_query_bundle": "Q"}), "Q"),
+        # Haystack ChatMessage reprs: the last user message, not the system prompt.
+        (json.dumps({"llm": {"messages": [_hay("SYSTEM", "Be brief."), _hay("USER", "Q"),
+                                          _hay("ASSISTANT", "A")]}}),
+         "Q"),
     ],
 )  # fmt: skip
 def test_reduce_question(value: str, expected: str) -> None:

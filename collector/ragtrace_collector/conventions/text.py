@@ -93,7 +93,6 @@ _MAX_COMPONENTS = 64
 #: A Haystack ``ChatMessage`` repr, and the ``TextContent(text=...)`` literals in it.
 _CHAT_MESSAGE = re.compile(r"ChatMessage\(_role=<ChatRole\.(\w+)")
 _TEXT_CONTENT = re.compile(r"""TextContent\(text=('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""", re.S)
-_USER_ROLE_NAMES = frozenset({"USER"})
 
 
 def reduce_question(value: Any) -> str | None:
@@ -118,22 +117,21 @@ def _reduce_value(value: Any, side: _Side, keep: bool) -> str | None:
         return None
     parsed = json_value(value)
     if isinstance(parsed, str):
-        return _chat_message_text(parsed, side, whole=True) or parsed
+        message = _haystack_message(parsed)
+        return message["content"] if message is not None else parsed
     reduced = _reduce(parsed, side, 0)
     if reduced is not None:
         return reduced
     return value if keep and isinstance(value, str) else None
 
 
-def _chat_message_text(text: str, side: _Side, *, whole: bool = False) -> str | None:
-    """The text of a Haystack ``ChatMessage`` repr (None: not one, or another role's
-    message on the question side).  ``whole``: the value itself, of any role."""
+def _haystack_message(text: str) -> dict[str, str] | None:
+    """A Haystack ``ChatMessage`` repr as ``{"role", "content"}`` (its ``TextContent``
+    texts joined); None when ``text`` is not one or holds no text."""
     if not text.startswith("ChatMessage("):
         return None
     found = _CHAT_MESSAGE.match(text)
     if found is None:
-        return None
-    if not whole and side == "question" and found.group(1) not in _USER_ROLE_NAMES:
         return None
     texts: list[str] = []
     for literal in _TEXT_CONTENT.findall(text):
@@ -143,16 +141,24 @@ def _chat_message_text(text: str, side: _Side, *, whole: bool = False) -> str | 
             continue
         if isinstance(held, str):
             texts.append(held)
-    return "\n".join(texts) if texts else None
+    return {"role": found.group(1).lower(), "content": "\n".join(texts)} if texts else None
+
+
+def _as_message(item: Any) -> Any:
+    """``item``, or the message a Haystack ``ChatMessage`` repr holds."""
+    if isinstance(item, str) and item.startswith("ChatMessage("):
+        return _haystack_message(item) or item
+    return item
 
 
 def _reduce(value: Any, side: _Side, depth: int) -> str | None:
     if depth > _MAX_DEPTH:
         return None
     if isinstance(value, str):
-        message = _chat_message_text(value, side)
+        message = _haystack_message(value)
         if message is not None:
-            return message
+            wanted = _USER_ROLES if side == "question" else _ASSISTANT_ROLES
+            return message["content"] if message["role"] in wanted else None
         nested = json_value(value)
         if nested is not value and depth < _MAX_DEPTH:
             return _reduce(nested, side, depth + 1) or value
@@ -218,6 +224,7 @@ def _is_message(value: Any) -> bool:
 def _from_list(items: list[Any], side: _Side, depth: int) -> str | None:
     if not items:
         return None
+    items = [_as_message(i) for i in items]
     messages = [m for m in items if _is_message(m)]
     if messages:
         wanted = _USER_ROLES if side == "question" else _ASSISTANT_ROLES
