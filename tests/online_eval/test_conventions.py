@@ -621,6 +621,8 @@ def test_cases_config_errors_name_the_key() -> None:
         # LlamaIndex (OpenLLMetry): a QueryBundle, or the plain string.
         (json.dumps({"str_or_query_bundle": {"query_str": "Q", "embedding": None}}), "Q"),
         (json.dumps({"str_or_query_bundle": "Q"}), "Q"),
+        # LlamaIndex chat engine (OpenLLMetry): chat(message, chat_history).
+        (json.dumps({"message": "Q", "chat_history": [{"role": "user", "content": "old"}]}), "Q"),
         # Haystack ChatMessage reprs: the last user message, not the system prompt.
         (json.dumps({"llm": {"messages": [_hay("SYSTEM", "Be brief."), _hay("USER", "Q"),
                                           _hay("ASSISTANT", "A")]}}),

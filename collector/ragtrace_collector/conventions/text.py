@@ -6,7 +6,8 @@ JSON.  A case needs the question and the answer text, so a JSON value is reduced
 * a JSON string value is the text itself;
 * an **object** is reduced through its first key that holds the text: for a question
   ``input``, ``question``, ``query``, ``query_str``, ``inputs``, ``user_input``,
-  ``prompt``, ``messages``, ``query_bundle``, ``text``, ``content``; for an answer
+  ``prompt``, ``messages``, ``message`` (LlamaIndex chat engines), ``query_bundle``,
+  ``text``, ``content``; for an answer
   ``output``, ``answer``, ``result``, ``response``, ``outputs``, ``output_text``,
   ``replies`` (Haystack generators), ``generations``, ``choices``, ``message``,
   ``messages``, ``text``, ``content``, ``kwargs`` (LangChain's serialised messages keep
@@ -62,6 +63,7 @@ _QUESTION_KEYS = (
     "user_input",
     "prompt",
     "messages",
+    "message",
     "query_bundle",
     "text",
     "content",
