@@ -25,11 +25,13 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from collector_throughput import _best_cpu_us  # this folder, on the path above
 
 
 def _span(name: str, attrs: dict[str, Any], parent: Any = None) -> Any:
@@ -51,7 +53,6 @@ def _span(name: str, attrs: dict[str, Any], parent: Any = None) -> Any:
 
 def _openinference_traces(n: int, spans: int) -> list[list[Any]]:
     """The non-RAG traces of ``collector_throughput.py --only nonrag``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from collector_throughput import _non_rag_traces
 
     return [list(t.groups[0].spans) for t in _non_rag_traces(n, spans)]
@@ -86,16 +87,6 @@ def _llamaindex_task_trace(spans: int) -> list[Any]:
             )
         )
     return out
-
-
-def _best_cpu_us(n: int, rounds: int, *steps: Callable[[], object]) -> list[float]:
-    best = [float("inf")] * len(steps)
-    for _ in range(rounds):
-        for i, step in enumerate(steps):
-            cpu0 = time.process_time()
-            step()
-            best[i] = min(best[i], time.process_time() - cpu0)
-    return [used / n * 1e6 for used in best]
 
 
 def main() -> None:

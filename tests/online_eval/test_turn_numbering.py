@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from ragtrace import semconv
-from ragtrace_collector.cases import ContextItem, Conversation, Turn
 from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
 from ragtrace_collector.evaluation.evaluator import EvaluationConfig, OnlineEvaluator
 from ragtrace_collector.evaluation.sampling import Sampler, SamplingConfig
@@ -22,15 +21,15 @@ from ragtrace_collector.otlp.spanattrs import set_attribute
 from ragtrace_collector.results import MetricResult
 from ragtrace_collector.service.telemetry import Telemetry
 from ragtrace_collector.stores.session import SessionStoreConfig, create_session_store
-from tests.online_eval.test_evaluator import _Forwarded, _rag_attrs, _trace
+from tests.online_eval.test_evaluator import (
+    _OUTCOME,
+    _TURNS,
+    _conversation,
+    _Forwarded,
+    _rag_attrs,
+    _trace,
+)
 
-_TURNS = [
-    ("How do I reset my password?", ["Open Settings, then Security, then Reset password."]),
-    ("Is there a fee for it?", []),
-    ("What if I lost access to my email?", ["Contact support with your account ID to verify."]),
-    ("Thanks, and how long does verification take?", ["Verification takes two business days."]),
-]
-_OUTCOME = "The user resets the password, or verifies identity with support in two days."
 _NAMES = ["turn_contextual_precision", "turn_contextual_recall", "turn_contextual_relevancy"]
 #: Start of turn k (1-based): a realistic clock, whose microseconds the old code used.
 _T0 = 1_795_628_315_281_335_000
@@ -89,20 +88,6 @@ def _turn_trace(session: str, k: int) -> Any:
     return trace
 
 
-def _offline() -> Conversation:
-    turns: list[Turn] = []
-    for question, contexts in _TURNS:
-        turns.append(Turn(role="user", content=question))
-        turns.append(
-            Turn(
-                role="assistant",
-                content="answer",
-                retrieval_context=[ContextItem(content=c) for c in contexts],
-            )
-        )
-    return Conversation(turns=turns, expected_outcome=_OUTCOME)
-
-
 def _named_turns(text: str) -> set[int]:
     return {int(n) for n in re.findall(r"turns? (\d+)", text)}
 
@@ -131,7 +116,7 @@ async def test_unindexed_turns_in_order_score_like_the_offline_metric(
     last = _rag_attrs(fwd.traces[-1])
     for name in _NAMES:
         offline = await build_metric(name, MetricOptions(window_size=2)).measure_conversation(  # type: ignore[attr-defined]
-            _offline(), OfflineJudge()
+            _conversation(), OfflineJudge()
         )
         online = last[f"ragtrace.eval.{name}.conversation_score"]
         assert online == pytest.approx(offline.score, abs=1e-9), name

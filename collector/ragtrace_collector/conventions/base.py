@@ -28,6 +28,7 @@ __all__ = [
     "Convention",
     "Document",
     "Role",
+    "as_float",
     "as_text",
     "documents_from_attributes",
     "documents_from_json",
@@ -153,7 +154,8 @@ def _json_object(value: Any) -> dict[str, Any]:
     return {"value": parsed}
 
 
-def _as_float(value: Any) -> float | None:
+def as_float(value: Any) -> float | None:
+    """A number as a float; None for anything else (a bool too)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
@@ -199,7 +201,7 @@ def documents_from_attributes(attrs: Attrs, prefix: str) -> list[Document]:
         doc = Document(
             doc_id,
             None if value is None else str(value),
-            _as_float(found.get(semconv.DOCUMENT_SCORE)),
+            as_float(found.get(semconv.DOCUMENT_SCORE)),
             metadata,
         )
         if doc_id is not None and semconv.DOCUMENT_ID in found:
@@ -263,7 +265,7 @@ def documents_from_json(value: Any) -> list[Document] | None:
         doc = Document(
             id=record.id,
             content=as_text(record.content),
-            score=_as_float(record.score),
+            score=as_float(record.score),
             metadata=dict(metadata),
         )
         if record.id is not None and record.id != _record_id({"metadata": metadata}):

@@ -40,6 +40,7 @@ from ragtrace_collector.conventions.base import (
     Attrs,
     Document,
     Role,
+    as_float,
     as_text,
     documents_from_json,
     event_attributes,
@@ -126,9 +127,7 @@ def _node_document(node: dict[str, Any], score: Any) -> Document:
     doc = Document(
         id=doc_id,
         content=as_text(text),
-        score=float(score)
-        if isinstance(score, (int, float)) and not isinstance(score, bool)
-        else None,
+        score=as_float(score),
         metadata=metadata,
     )
     if doc_id is not None:
@@ -150,9 +149,7 @@ def _event_document(attrs: Attrs) -> Document:
     doc = Document(
         id=None if doc_id is None else str(doc_id),
         content=as_text(content),
-        score=float(score)
-        if isinstance(score, (int, float)) and not isinstance(score, bool)
-        else None,
+        score=as_float(score),
         metadata=metadata,
     )
     if doc.id is not None:
