@@ -21,7 +21,8 @@ from ragtrace_collector.evaluation.case_builder import (
     build_cases,
     may_hold_case,
 )
-from ragtrace_collector.otlp.spanattrs import set_attributes
+
+from ._spans import named_span
 
 HITS = [
     {"key": "kb-1", "body": "Refunds take five days.", "sim": 0.9, "meta": {"team": "a"}},
@@ -29,29 +30,16 @@ HITS = [
 ]
 
 
-def _span(name: str, attrs: dict[str, Any], *, tid: bytes, parent: Any = None) -> trace_pb2.Span:
-    s = trace_pb2.Span(
-        trace_id=tid,
-        span_id=os.urandom(8),
-        parent_span_id=parent.span_id if parent is not None else b"",
-        name=name,
-        start_time_unix_nano=1_000,
-        end_time_unix_nano=2_000,
-    )
-    set_attributes(s.attributes, attrs.items())
-    return s
-
-
 def _in_house(search_attrs: dict[str, Any], name: str = "kb.search") -> list[trace_pb2.Span]:
     """An app's own spans: a request span (no convention) > a step > the search span."""
     tid = os.urandom(16)
-    root = _span(
+    root = named_span(
         "handle_request",
         {semconv.REFERENCE_CONTEXT_IDS: json.dumps(["kb-1", "kb-2"])},
         tid=tid,
     )
-    step = _span("answer", {}, tid=tid, parent=root)
-    return [root, step, _span(name, search_attrs, tid=tid, parent=step)]
+    step = named_span("answer", {}, tid=tid, parent=root)
+    return [root, step, named_span(name, search_attrs, tid=tid, parent=step)]
 
 
 RULE = {

@@ -30,22 +30,11 @@ from ragtrace_collector.evaluation.stage import build_stage
 from ragtrace_collector.metrics import build_metric
 from ragtrace_collector.metrics.base import JudgeFreeMetric
 from ragtrace_collector.otlp.codec import SpanGroup
-from ragtrace_collector.otlp.spanattrs import attributes_to_dict, set_attributes
+from ragtrace_collector.otlp.spanattrs import attributes_to_dict
 from ragtrace_collector.service.component import ComponentHost
 from ragtrace_collector.service.telemetry import Telemetry
 
-
-def _span(name: str, attrs: dict[str, Any], *, tid: bytes, parent: Any = None) -> trace_pb2.Span:
-    s = trace_pb2.Span(
-        trace_id=tid,
-        span_id=os.urandom(8),
-        parent_span_id=parent.span_id if parent is not None else b"",
-        name=name,
-        start_time_unix_nano=1_000,
-        end_time_unix_nano=2_000,
-    )
-    set_attributes(s.attributes, attrs.items())
-    return s
+from ._spans import named_span
 
 
 def _doc_attrs(docs: list[tuple[str | None, dict[str, Any]]]) -> dict[str, Any]:
@@ -73,8 +62,11 @@ def _llama_trace(
     }
     if reference is not None:
         attrs[semconv.REFERENCE_CONTEXT_IDS] = json.dumps(reference)
-    root = _span("RetrieverQueryEngine.query", attrs, tid=tid)
-    return [root, _span("VectorIndexRetriever.retrieve", _doc_attrs(docs), tid=tid, parent=root)]
+    root = named_span("RetrieverQueryEngine.query", attrs, tid=tid)
+    return [
+        root,
+        named_span("VectorIndexRetriever.retrieve", _doc_attrs(docs), tid=tid, parent=root),
+    ]
 
 
 def _one(spans: list[trace_pb2.Span], rules: CaseRules, service: str = "svc") -> BuiltCase:
