@@ -294,3 +294,19 @@ async def test_the_stage_exports_the_overlap_and_warns_on_healthz() -> None:
     assert "kb-06" in body["detail"]
     assert "cases.document_id" in body["detail"]
     assert host.health(recoverable_grace=60).ok  # a warning, not a failure
+
+
+def test_a_switch_is_logged_once_per_service() -> None:
+    from structlog.testing import capture_logs
+
+    rules = CaseRules()
+    docs = [("node-1", {"doc_id": "kb-1"})]
+    with capture_logs() as logs:
+        for service in ("shop", "shop", "blog"):
+            _one(_llama_trace(docs, ["kb-1"]), rules, service=service)
+    switched = [e for e in logs if e["event"] == "document_id_source_switched"]
+    assert [(e["service"], e["source"]) for e in switched] == [
+        ("shop", "metadata.doc_id"),
+        ("blog", "metadata.doc_id"),
+    ]
+    assert "cases.document_id" in switched[0]["detail"]
