@@ -38,6 +38,7 @@ from ragtrace_collector.conventions.base import (
     Attrs,
     Document,
     Role,
+    as_float,
     as_text,
     json_value,
 )
@@ -231,9 +232,7 @@ def _document(rule: RetrieverRule, item: Any) -> Document:
     doc = Document(
         id=doc_id,
         content=as_text(content),
-        score=float(score)
-        if isinstance(score, (int, float)) and not isinstance(score, bool)
-        else None,
+        score=as_float(score),
         metadata=dict(metadata) if isinstance(metadata, Mapping) else {},
     )
     if doc_id is not None and (
