@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from ragtrace import semconv
+from ragtrace_collector.cases import Conversation
 from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
 from ragtrace_collector.evaluation.evaluator import EvaluationConfig, OnlineEvaluator
 from ragtrace_collector.evaluation.sampling import Sampler, SamplingConfig
@@ -150,3 +151,14 @@ async def test_unindexed_turns_out_of_order_name_only_real_turns(
         assert result.error is None, result
         assert not _named_turns(result.reason), result.reason
         assert "missing_turns" not in result.details
+
+
+async def test_a_window_with_no_unit_names_no_unit() -> None:
+    """A turn whose conversation holds no complete unit (dropped by the store, older
+    than every kept turn) is skipped without naming a unit or turn that does not exist."""
+    metric = build_metric("turn_contextual_relevancy", MetricOptions(window_size=2))
+    empty = Conversation(turns=[], expected_outcome=_OUTCOME)
+    result = await metric.measure_window(empty, -1, OfflineJudge())  # type: ignore[attr-defined]
+    assert result.skipped
+    assert "-1" not in result.reason
+    assert "no complete units" in result.reason
