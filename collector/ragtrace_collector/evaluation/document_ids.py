@@ -157,9 +157,6 @@ class IdChoice(NamedTuple):
     ids: list[str | None]
     #: The sources used, in order of first use, comma-separated; None: no id at all.
     source: str | None
-    #: True when chosen over the default ids (only it matched the reference ids, or it
-    #: holds the user's ids where the default holds generated ones).
-    switched: bool = False
     #: Set when the ids are of another kind than the reference ids: why (the ID
     #: metrics are skipped with it).
     mismatch: str | None = None
@@ -333,8 +330,7 @@ class DocumentIds:
                 f" those of {best} do: {best} is compared for this service (set"
                 " cases.document_id to choose yourself)",
             )
-        chosen = _choose(docs, [(best, *DEFAULT_SOURCES)] * len(docs), fallback=True)
-        return IdChoice(chosen.ids, chosen.source, True)
+        return _choose(docs, [(best, *DEFAULT_SOURCES)] * len(docs), fallback=True)
 
     def _no_overlap(
         self,
@@ -356,8 +352,7 @@ class DocumentIds:
         for source in CANDIDATE_SOURCES:
             values = [_value(d, source) for d in docs]
             if any(v is not None and not looks_generated(v) for v in values):
-                chosen = _choose(docs, [(source, *DEFAULT_SOURCES)] * len(docs), fallback=True)
-                return IdChoice(chosen.ids, chosen.source, True)
+                return _choose(docs, [(source, *DEFAULT_SOURCES)] * len(docs), fallback=True)
         mismatch = (
             f"retrieved ids (read from {choice.source}: {', '.join(ids[:2])}) are ids the"
             " framework generated and the reference ids"
@@ -368,7 +363,7 @@ class DocumentIds:
         if service not in self._mismatched:
             self._mismatched.add(service)
             self._log.warning("document_ids_not_comparable", service=service, detail=mismatch)
-        return IdChoice(choice.ids, choice.source, False, mismatch)
+        return IdChoice(choice.ids, choice.source, mismatch)
 
     def observe(
         self, service: str, retrieved: Sequence[str], reference: Sequence[str], source: str | None
