@@ -23,7 +23,11 @@ documents has some, that source is used instead (documents without it keep their
 default id): the case span says so in ``ragtrace.retrieval.document_id_source`` and
 the first switch of a service to a source is logged.  A service remembers its
 source, so a later case of it whose ids match under no source is scored with the
-same kind of id rather than switching back.  With ``cases.document_id`` set, its
+same kind of id rather than switching back.  When no source matches and every id is
+one a framework generates (a UUID, a hex digest) while no reference id is, a source
+holding ids a user chose is compared if the documents have one (a true 0); otherwise
+the ids are not comparable and the ID metrics are skipped with a reason
+(:attr:`IdChoice.mismatch`), never scored 0.  With ``cases.document_id`` set, its
 sources are used, in order, and nothing is switched.
 
 **Overlap watch.**  For each service the last ``cases.id_overlap_window`` cases that
