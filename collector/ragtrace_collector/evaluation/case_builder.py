@@ -129,7 +129,8 @@ class CasesConfig(BaseModel):
     #: list.  Unset: ``document.id``, then the metadata's ``doc_id``, ``document_id``,
     #: ``ref_doc_id``, ``id``, ``_id``, ``node_id``, ``chunk_id``, then ``output.id``;
     #: and when those ids match none of a case's reference ids but another of these
-    #: sources does, that source (said on the span and logged).
+    #: sources does, that source (said on the span and logged); generated ids (UUIDs)
+    #: are never scored against reference ids that are not.
     document_id: list[str] | dict[str, list[str]] | None = None
     #: Cases with reference ids watched per service: when none of the last this many
     #: retrieved a reference id, ``/healthz`` warns (docs/ground-truth.md).
