@@ -30,7 +30,7 @@ from ragtrace_collector.evaluation.stage import build_stage
 from ragtrace_collector.metrics import build_metric
 from ragtrace_collector.metrics.base import JudgeFreeMetric
 from ragtrace_collector.otlp.codec import SpanGroup
-from ragtrace_collector.otlp.spanattrs import attributes_to_dict
+from ragtrace_collector.otlp.spanattrs import attributes_to_dict, set_attributes
 from ragtrace_collector.service.component import ComponentHost
 from ragtrace_collector.service.telemetry import Telemetry
 
@@ -310,3 +310,24 @@ def test_a_switch_is_logged_once_per_service() -> None:
         ("blog", "metadata.doc_id"),
     ]
     assert "cases.document_id" in switched[0]["detail"]
+
+
+def test_ids_from_the_retriever_output_are_their_own_source() -> None:
+    """OpenInference LangChain: no document.id, the ids in output.value's documents."""
+    spans = _llama_trace([(None, {"doc_id": "kb-1"}), (None, {})], ["lc-1"])
+    output = {"documents": [{"id": "lc-1", "page_content": "chunk 0"}, {"id": "lc-2"}]}
+    set_attributes(
+        spans[1].attributes,
+        [
+            (semconv.OUTPUT_VALUE, json.dumps(output)),
+            (semconv.OUTPUT_MIME_TYPE, "application/json"),
+        ],
+    )
+    built = _one(spans, CaseRules())
+    # the default takes metadata.doc_id first; only output.id matches the reference
+    assert built.case.retrieved_context_ids == ["lc-1", "lc-2"]
+    assert built.attributes[semconv.DOCUMENT_ID_SOURCE] == "output.id"
+    rules = CaseRules(CasesConfig(document_id=["output.id"]))
+    assert _one(spans, rules).case.retrieved_context_ids == ["lc-1", "lc-2"]
+    rules = CaseRules(CasesConfig(document_id=["document.id"]))  # none of its own
+    assert _one(spans, rules).case.retrieved_context_ids is None
