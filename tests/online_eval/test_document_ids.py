@@ -289,6 +289,10 @@ async def test_the_stage_exports_the_overlap_and_warns_on_healthz() -> None:
         await stage.evaluator.drain()
         await stage.aclose()
     assert len(forwarded) == 2
+    for trace in forwarded:  # where the ids were read, next to the scores
+        root = attributes_to_dict(trace.groups[0].spans[0].attributes)
+        assert root[semconv.DOCUMENT_ID_SOURCE] == "document.id"
+        assert root[semconv.eval_attr("id_context_recall", semconv.EVAL_FIELD_SCORE)] == 0.0
     assert 'ragtrace_reference_id_overlap{service="shop"} 0.0' in telemetry.render().decode()
     body = host.snapshot()["evaluation"]
     assert "kb-06" in body["detail"]
