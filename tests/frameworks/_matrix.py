@@ -161,7 +161,16 @@ def tops(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
 
 
 def wait_scored(sink: OtlpSink, count: int, timeout: float = 60.0) -> list[ReceivedSpan]:
-    sink.wait_until(lambda: len(scored(sink.spans)) >= count, timeout)
+    """The sink's spans once ``count`` of them carry results (else an error naming what
+    did arrive)."""
+    try:
+        sink.wait_until(lambda: len(scored(sink.spans)) >= count, timeout)
+    except AssertionError:
+        arrived = [
+            (s.span.name, s.span.trace_id.hex()[:8], sorted(k for k in s.attributes if "eval" in k))
+            for s in sink.spans
+        ]
+        raise AssertionError(f"{count} scored spans expected; arrived: {arrived}") from None
     return sink.spans
 
 

@@ -70,3 +70,14 @@ def offline_caches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("NLTK_DATA", str(nltk))
     monkeypatch.setenv("DSPY_CACHEDIR", str(cache / "dspy"))
     return cache
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_context() -> Iterator[None]:
+    """An instrumentor that leaves its span current after a run would parent the next
+    test's spans to it (one trace across tests): fail the test that leaks."""
+    from opentelemetry import trace
+
+    yield
+    leaked = trace.get_current_span()
+    assert not leaked.get_span_context().is_valid, f"a span is left current: {leaked}"

@@ -106,11 +106,20 @@ def openinference() -> Iterator[Any]:
 @pytest.fixture
 def openllmetry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("TRACELOOP_TRACE_CONTENT", "true")
+    from llama_index.core.instrumentation import get_dispatcher
     from opentelemetry.instrumentation.llamaindex import LlamaIndexInstrumentor
 
+    dispatcher = get_dispatcher()
+    span_handlers, event_handlers = list(dispatcher.span_handlers), list(dispatcher.event_handlers)
     instrumentor = LlamaIndexInstrumentor()
     yield instrumentor
     instrumentor.uninstrument()
+    # Its uninstrument() leaves its handlers on LlamaIndex's root dispatcher: a second
+    # instrument() in this process would add a second pair, the two would attach and
+    # detach the OTel context in turn, and a span would stay current (the next test's
+    # spans joining this trace).  Remove them.
+    dispatcher.span_handlers[:] = span_handlers
+    dispatcher.event_handlers[:] = event_handlers
 
 
 def _run(
