@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -192,10 +193,26 @@ def assert_ids_scored(
     precision: float = EXPECTED_PRECISION,
 ) -> None:
     """The hand-computed id scores, in all three result forms."""
+    _report(span)
     for name, score in (("id_context_recall", recall), ("id_context_precision", precision)):
         got = flat(span, name, semconv.EVAL_FIELD_SCORE)
         assert got == score, f"{name}: {got}, expected {score}; {results(span, name)}"
         assert_scored(span, name, score)
+
+
+def _report(span: ReceivedSpan) -> None:
+    """With ``RAGTRACE_MATRIX_REPORT`` set to a file, append what the collector wrote
+    for the id metrics on ``span`` (the measured side of the docs' matrix table)."""
+    path = os.environ.get("RAGTRACE_MATRIX_REPORT")
+    if not path:
+        return
+    line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]}
+    for name in ID_METRICS:
+        line[name] = flat(span, name, semconv.EVAL_FIELD_SCORE)
+        line[name + ".reason"] = flat(span, name, semconv.EVAL_FIELD_REASON)
+    line["document_id_source"] = span.attributes.get(semconv.DOCUMENT_ID_SOURCE)
+    with open(path, "a") as out:
+        out.write(json.dumps(line) + "\n")
 
 
 def results(span: ReceivedSpan, name: str) -> dict[str, Any]:
@@ -206,6 +223,7 @@ def results(span: ReceivedSpan, name: str) -> dict[str, Any]:
 
 def assert_ids_skipped(span: ReceivedSpan, reason: str) -> None:
     """Both id metrics skipped (no score) with ``reason`` in their reason."""
+    _report(span)
     for name in ID_METRICS:
         assert flat(span, name, semconv.EVAL_FIELD_SCORE) is None, results(span, name)
         assert flat(span, name, semconv.EVAL_FIELD_SKIPPED) is True, name

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ragtrace import semconv
-from tests.e2e._support import JudgeServer
+from tests.e2e._support import JUDGE_KEY_ENV, JudgeServer, flat, llm_judge
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 from tests.frameworks._matrix import (
     KB,
@@ -144,6 +144,41 @@ def test_openinference_ids_on_documents(
     root, got = _single(sink, tmp_path, llm_server, openinference, "id")
     assert_ids_scored(root)
     assert_text_metrics_scored(root, QUESTION, got)
+
+
+@pytest.mark.slow
+def test_openinference_question_and_answer_reduced(
+    sink: OtlpSink,
+    tmp_path: Path,
+    llm_server: JudgeServer,
+    openinference: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What an LLM judge is shown: the question (from the pipeline's component map) and
+    the answer (the text of the generator's ChatMessage reply), not the JSON or the
+    repr the instrumentor recorded."""
+    from tests.fakes.openai_server import auto_reply, fenced_blocks
+
+    monkeypatch.setenv(JUDGE_KEY_ENV, "sk-judge")
+    judge = JudgeServer(auto_reply).start()
+    try:
+        metrics: dict[str, dict[str, Any]] = {"answer_relevancy": {}, "faithfulness": {}}
+        with matrix_collector(sink, tmp_path, metrics, judge=llm_judge(judge)) as serve:
+            tp = provider(serve, "haystack-judge")
+            pipeline = _pipeline(llm_server, "id")
+            openinference.instrument(tracer_provider=tp)
+            got = _ask(pipeline, QUESTION)
+            tp.shutdown()
+            [root] = tops(wait_scored(sink, 1))
+        prompts = [fenced_blocks(r.prompt_text) for r in judge.server.requests]
+    finally:
+        judge.stop()
+    assert flat(root, "answer_relevancy", semconv.EVAL_FIELD_SCORE) is not None
+    assert flat(root, "faithfulness", semconv.EVAL_FIELD_SCORE) is not None
+    shown = [body for blocks in prompts for bodies in blocks.values() for body in bodies]
+    assert QUESTION in shown
+    assert got.answer in shown
+    assert not [t for t in shown if "ChatMessage(" in t or '"data"' in t]
 
 
 @pytest.mark.slow
