@@ -201,9 +201,10 @@ def assert_ids_scored(
 
 
 def _report(span: ReceivedSpan) -> None:
-    """With ``RAGTRACE_MATRIX_REPORT`` set to a file, append what the collector wrote
-    for the id metrics on ``span`` (the measured side of the docs' matrix table)."""
-    path = os.environ.get("RAGTRACE_MATRIX_REPORT")
+    """With ``MATRIX_REPORT`` set to a file, append what the collector wrote for the
+    id metrics on ``span`` (the measured side of the docs' matrix table).  Not a
+    ``RAGTRACE_`` variable: the clean-SDK fixture removes those."""
+    path = os.environ.get("MATRIX_REPORT")
     if not path:
         return
     line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]}
