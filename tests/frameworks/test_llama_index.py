@@ -209,3 +209,16 @@ def test_openllmetry_ids_on_documents_through_a_splitter(
     assert_ids_scored(root)
     assert root.attributes[semconv.DOCUMENT_ID_SOURCE] == "metadata.doc_id"
     assert_text_metrics_scored(root, QUESTION, got)
+
+
+@pytest.mark.slow
+def test_openllmetry_document_ids_from_the_source_relationship(
+    sink: OtlpSink, tmp_path: Path, llama_settings: None, openllmetry: Any
+) -> None:
+    """``Document(doc_id=...)`` with no metadata: OpenLLMetry's node JSON keeps the
+    node's SOURCE relationship, whose node_id is the Document's doc_id: compared."""
+    root, got, node_ids = _run(sink, tmp_path, openllmetry, "documents", "li-tl-refdoc")
+    assert not set(node_ids) & set(KB)
+    assert_ids_scored(root)
+    assert root.attributes[semconv.DOCUMENT_ID_SOURCE] == "metadata.ref_doc_id"
+    assert_text_metrics_scored(root, QUESTION, got)
