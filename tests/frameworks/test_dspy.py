@@ -128,7 +128,6 @@ def _retrievers(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
     return sorted(found, key=lambda s: s.span.start_time_unix_nano)
 
 
-@pytest.mark.slow
 def test_openinference_colbert_ids(
     sink: OtlpSink, tmp_path: Path, openinference: Any, colbert_url: str
 ) -> None:
@@ -145,7 +144,6 @@ def test_openinference_colbert_ids(
     assert_text_metrics_scored(root, QUESTION, got)
 
 
-@pytest.mark.slow
 def test_openinference_retrieval_model_without_ids(
     sink: OtlpSink, tmp_path: Path, openinference: Any
 ) -> None:

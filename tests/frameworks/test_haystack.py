@@ -133,7 +133,6 @@ def _single(
     return root, got
 
 
-@pytest.mark.slow
 def test_openinference_ids_on_documents(
     sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer, openinference: Any
 ) -> None:
@@ -181,7 +180,6 @@ def test_openinference_question_and_answer_reduced(
     assert not [t for t in shown if "ChatMessage(" in t or '"data"' in t]
 
 
-@pytest.mark.slow
 def test_openinference_ids_in_meta(
     sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer, openinference: Any
 ) -> None:
@@ -193,7 +191,6 @@ def test_openinference_ids_in_meta(
     assert_text_metrics_scored(root, QUESTION, got)
 
 
-@pytest.mark.slow
 def test_openinference_content_hash_ids_are_not_compared(
     sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer, openinference: Any
 ) -> None:
@@ -221,7 +218,6 @@ def test_openinference_content_hash_ids_are_not_compared(
     assert_text_metrics_scored(root, QUESTION, got)
 
 
-@pytest.mark.slow
 def test_openinference_conversation(
     sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer, openinference: Any
 ) -> None:

@@ -111,7 +111,6 @@ def _single(
 
 
 # ------------------------------------------------------------------ single requests
-@pytest.mark.slow
 def test_openinference(sink: OtlpSink, tmp_path: Path, openinference_langchain: Any) -> None:
     """No document.id recorded; the ids come from the retriever's output.value."""
     root, got = _single(sink, tmp_path, openinference_langchain, "lc-oi", ids_in_metadata=False)
@@ -121,7 +120,6 @@ def test_openinference(sink: OtlpSink, tmp_path: Path, openinference_langchain: 
     assert_text_metrics_scored(root, QUESTION, got)
 
 
-@pytest.mark.slow
 def test_openllmetry_ids_in_metadata(
     sink: OtlpSink, tmp_path: Path, openllmetry_langchain: Any
 ) -> None:
@@ -131,7 +129,6 @@ def test_openllmetry_ids_in_metadata(
     assert_text_metrics_scored(root, QUESTION, got)
 
 
-@pytest.mark.slow
 def test_openllmetry_drops_document_ids(
     sink: OtlpSink, tmp_path: Path, openllmetry_langchain: Any
 ) -> None:
@@ -167,7 +164,6 @@ def _conversation(
     return roots, turns
 
 
-@pytest.mark.slow
 def test_openinference_conversation(
     sink: OtlpSink, tmp_path: Path, openinference_langchain: Any
 ) -> None:
@@ -181,7 +177,6 @@ def test_openinference_conversation(
     assert_conversation_scored(roots, turns)
 
 
-@pytest.mark.slow
 def test_openllmetry_conversation(
     sink: OtlpSink, tmp_path: Path, openllmetry_langchain: Any
 ) -> None:

@@ -141,7 +141,6 @@ def _run(
 
 
 # ------------------------------------------------------------------ OpenInference
-@pytest.mark.slow
 def test_openinference_ids_on_nodes(
     sink: OtlpSink, tmp_path: Path, llama_settings: None, openinference: Any
 ) -> None:
@@ -153,7 +152,6 @@ def test_openinference_ids_on_nodes(
     assert_text_metrics_scored(root, QUESTION, got)
 
 
-@pytest.mark.slow
 def test_openinference_ids_on_documents_through_a_splitter(
     sink: OtlpSink, tmp_path: Path, llama_settings: None, openinference: Any
 ) -> None:
@@ -168,7 +166,6 @@ def test_openinference_ids_on_documents_through_a_splitter(
     assert_text_metrics_scored(root, QUESTION, got)
 
 
-@pytest.mark.slow
 def test_openinference_document_ids_not_recorded(
     sink: OtlpSink, tmp_path: Path, llama_settings: None, openinference: Any
 ) -> None:
@@ -186,7 +183,6 @@ def test_openinference_document_ids_not_recorded(
 
 
 # ------------------------------------------------------------------ OpenLLMetry
-@pytest.mark.slow
 def test_openllmetry_ids_on_nodes(
     sink: OtlpSink, tmp_path: Path, llama_settings: None, openllmetry: Any
 ) -> None:
@@ -199,7 +195,6 @@ def test_openllmetry_ids_on_nodes(
     assert_text_metrics_scored(root, QUESTION, got)
 
 
-@pytest.mark.slow
 def test_openllmetry_ids_on_documents_through_a_splitter(
     sink: OtlpSink, tmp_path: Path, llama_settings: None, openllmetry: Any
 ) -> None:
@@ -211,7 +206,6 @@ def test_openllmetry_ids_on_documents_through_a_splitter(
     assert_text_metrics_scored(root, QUESTION, got)
 
 
-@pytest.mark.slow
 def test_openllmetry_document_ids_from_the_source_relationship(
     sink: OtlpSink, tmp_path: Path, llama_settings: None, openllmetry: Any
 ) -> None:

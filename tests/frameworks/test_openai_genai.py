@@ -94,7 +94,6 @@ class _App:
         return Retrieved(ids, [KB[i] for i in ids], answer)
 
 
-@pytest.mark.slow
 def test_genai_agent_with_retrieval(
     sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer, openai_v2: Any
 ) -> None:
@@ -115,7 +114,6 @@ def test_genai_agent_with_retrieval(
     assert_text_metrics_scored(root, QUESTION, got)
 
 
-@pytest.mark.slow
 def test_chat_calls_alone_are_not_a_case(
     sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer, openai_v2: Any
 ) -> None:
@@ -138,7 +136,6 @@ def test_chat_calls_alone_are_not_a_case(
     assert scored(spans) == []
 
 
-@pytest.mark.slow
 def test_genai_conversation(
     sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer, openai_v2: Any
 ) -> None:
