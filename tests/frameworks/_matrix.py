@@ -23,7 +23,6 @@ give the same top 2 for the first question (cosine 2/√10 and 1/√6, the rest 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -36,10 +35,16 @@ import pytest
 
 from ragtrace import semconv
 from ragtrace_collector.cases import ContextItem, RAGCase
-from ragtrace_collector.judges.offline import OfflineJudge
-from ragtrace_collector.metrics import build_metric
-from tests.e2e._instrumented import CASE_METRICS, KB, Retrieved, conversation_scores, provider
-from tests.e2e._support import Serve, assert_scored, flat, serve_config
+from tests.e2e._instrumented import (
+    CASE_METRICS,
+    KB,
+    Retrieved,
+    collector,
+    conversation_scores,
+    offline_scores,
+    provider,
+)
+from tests.e2e._support import Serve, assert_scored, flat
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 
 __all__ = [
@@ -112,19 +117,6 @@ def keyword_vector(text: str) -> list[float]:
     return [v / norm for v in vec] if any(vec) else [1e-3] * len(vec)
 
 
-def _write_references(tmp_path: Path) -> Path:
-    path = tmp_path / "references.jsonl"
-    with path.open("w") as out:
-        for question, ids in REFERENCES.items():
-            line = {
-                "input": question,
-                "reference_context_ids": ids,
-                "reference_contexts": [KB[i] for i in ids],
-            }
-            out.write(json.dumps(line) + "\n")
-    return path
-
-
 @contextmanager
 def matrix_collector(
     sink: OtlpSink,
@@ -132,19 +124,12 @@ def matrix_collector(
     metrics: dict[str, dict[str, Any]] | None = None,
     **sections: Any,
 ) -> Iterator[Serve]:
-    """``ragtrace-collector serve`` with the corpus's ground truth, exporting to ``sink``
-    (the case metrics by default)."""
-    config = serve_config(
-        sink,
-        metrics=metrics if metrics is not None else {name: {} for name in CASE_METRICS},
-        reference_store={"path": str(_write_references(tmp_path)), "reload_interval": 0},
-        **sections,
-    )
-    serve = Serve(config, tmp_path)
-    try:
+    """tests/e2e's ``ragtrace-collector serve`` with the corpus's ground truth,
+    exporting to ``sink`` (the case metrics by default)."""
+    if metrics is None:
+        metrics = {name: {} for name in CASE_METRICS}
+    with collector(sink, tmp_path, metrics, references=REFERENCES, **sections) as serve:
         yield serve
-    finally:
-        serve.kill()
 
 
 # ------------------------------------------------------------------ read-back
@@ -173,18 +158,6 @@ def wait_scored(sink: OtlpSink, count: int, timeout: float = 60.0) -> list[Recei
         ]
         raise AssertionError(f"{count} scored spans expected; arrived: {arrived}") from None
     return sink.spans
-
-
-def _offline(case: RAGCase, names: tuple[str, ...]) -> dict[str, float]:
-    async def run() -> dict[str, float]:
-        out: dict[str, float] = {}
-        for name in names:
-            result = await build_metric(name).measure(case, OfflineJudge())
-            assert result.score is not None, f"{name}: {result.reason}"
-            out[name] = result.score
-        return out
-
-    return asyncio.run(run())
 
 
 def assert_ids_scored(
@@ -244,7 +217,7 @@ def assert_text_metrics_scored(span: ReceivedSpan, question: str, got: Retrieved
         reference_context_ids=ids,
         reference_contexts=[KB[i] for i in ids],
     )
-    for name, score in _offline(case, TEXT_METRICS).items():
+    for name, score in offline_scores(case, TEXT_METRICS).items():
         assert_scored(span, name, score)
 
 
