@@ -52,22 +52,28 @@ def llm_server() -> Iterator[JudgeServer]:
         server.stop()
 
 
-@pytest.fixture
-def offline_caches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """Framework caches in the test's tmp dir (LlamaIndex, tiktoken, DSPy), and the NLTK
-    data LlamaIndex ships copied there (nltk refuses the hard-linked original)."""
+@pytest.fixture(scope="session")
+def nltk_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The NLTK data LlamaIndex ships (its SentenceSplitter's), copied once per worker:
+    nltk refuses the hard-linked files of the installed copy."""
     import shutil
 
     import llama_index.core
 
-    cache = tmp_path / "caches"
-    nltk = cache / "nltk_data"
     shipped = Path(llama_index.core.__file__).parent / "_static" / "nltk_cache"
-    if shipped.is_dir():
-        shutil.copytree(shipped, nltk)
+    target = tmp_path_factory.mktemp("nltk") / "nltk_data"
+    shutil.copytree(shipped, target)
+    return target
+
+
+@pytest.fixture
+def offline_caches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, nltk_data: Path) -> Path:
+    """Framework caches in the test's tmp dir (LlamaIndex, tiktoken, DSPy) and the NLTK
+    data: nothing is downloaded, nothing written outside the test's directories."""
+    cache = tmp_path / "caches"
     monkeypatch.setenv("LLAMA_INDEX_CACHE_DIR", str(cache / "llama_index"))
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache / "tiktoken"))
-    monkeypatch.setenv("NLTK_DATA", str(nltk))
+    monkeypatch.setenv("NLTK_DATA", str(nltk_data))
     monkeypatch.setenv("DSPY_CACHEDIR", str(cache / "dspy"))
     return cache
 
