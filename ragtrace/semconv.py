@@ -139,6 +139,8 @@ GEN_AI_OPERATION_INVOKE_WORKFLOW: Final = "invoke_workflow"
 TRACELOOP_SPAN_KIND: Final = "traceloop.span.kind"
 TRACELOOP_KIND_WORKFLOW: Final = "workflow"
 TRACELOOP_KIND_AGENT: Final = "agent"
+#: Every span of the LlamaIndex instrumentation below its top span is a ``task``.
+TRACELOOP_KIND_TASK: Final = "task"
 TRACELOOP_ENTITY_INPUT: Final = "traceloop.entity.input"
 TRACELOOP_ENTITY_OUTPUT: Final = "traceloop.entity.output"
 #: ``Traceloop.set_association_properties({"session_id": ...})``
@@ -160,6 +162,11 @@ EVAL_SAMPLE_RATE: Final = "ragtrace.eval.sample_rate"
 EVAL_SAMPLED: Final = "ragtrace.eval.sampled"
 EVAL_COST_USD: Final = "ragtrace.eval.cost_usd"
 EVAL_LATENCY_MS: Final = "ragtrace.eval.latency_ms"
+#: Written by the collector on a case span whose retrieved ids were compared with
+#: reference ids: where each document's id was read (``document.id``,
+#: ``metadata.doc_id``, ...; several comma-separated when documents differ).  Outside
+#: ``ragtrace.eval.*``, which holds results and the evaluation summary only.
+DOCUMENT_ID_SOURCE: Final = "ragtrace.retrieval.document_id_source"
 
 # suffixes of ragtrace.eval.<metric>.<field>
 EVAL_FIELD_SCORE: Final = "score"

@@ -55,6 +55,10 @@ class RAGCase(BaseModel):
     retrieved_context_ids: list[str] | None = None
     #: Free-form identification (dataset line, trace/span id) carried into results.
     case_id: str | None = None
+    #: Why the retrieved ids are of another kind than the reference ids (set online,
+    #: e.g. framework-generated UUIDs against document names): the ID metrics are
+    #: skipped with this reason instead of scoring a 0 that is not true.
+    retrieved_ids_mismatch: str | None = None
 
     @field_validator("reference_context_ids", "retrieved_context_ids", mode="before")
     @classmethod

@@ -134,6 +134,12 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         help="quality gate: exit 3 when any case fails its metric's own threshold",
     )
     ev.add_argument(
+        "--allow-unscored",
+        action="store_true",
+        help="quality gate: let a gated metric that scored no row pass (by default it "
+        "fails the gate, with its most common skip reason)",
+    )
+    ev.add_argument(
         "--max-row-size",
         type=int,
         default=1_000_000,

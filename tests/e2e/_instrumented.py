@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,26 +52,38 @@ class Retrieved:
     answer: str
 
 
-def write_references(tmp_path: Path) -> Path:
+def write_references(tmp_path: Path, references: Mapping[str, list[str]] | None = None) -> Path:
+    """A reference store file: question -> reference ids (their texts from :data:`KB`);
+    by default :data:`QUESTION` -> :data:`REFERENCE_IDS`."""
     path = tmp_path / "references.jsonl"
-    line = {
-        "input": QUESTION,
-        "reference_context_ids": REFERENCE_IDS,
-        "reference_contexts": [KB[i] for i in REFERENCE_IDS],
-    }
-    path.write_text(json.dumps(line) + "\n")
+    lines = [
+        {
+            "input": question,
+            "reference_context_ids": ids,
+            "reference_contexts": [KB[i] for i in ids],
+        }
+        for question, ids in (references or {QUESTION: REFERENCE_IDS}).items()
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
 
 @contextmanager
 def collector(
-    sink: OtlpSink, tmp_path: Path, metrics: dict[str, dict[str, Any]], **sections: Any
+    sink: OtlpSink,
+    tmp_path: Path,
+    metrics: dict[str, dict[str, Any]],
+    *,
+    references: Mapping[str, list[str]] | None = None,
+    **sections: Any,
 ) -> Iterator[Serve]:
-    """``ragtrace-collector serve`` with the reference store, exporting to ``sink``."""
+    """``ragtrace-collector serve`` with the reference store (``references``, see
+    :func:`write_references`), exporting to ``sink``."""
+    path = write_references(tmp_path, references)
     config = serve_config(
         sink,
         metrics=metrics,
-        reference_store={"path": str(write_references(tmp_path)), "reload_interval": 0},
+        reference_store={"path": str(path), "reload_interval": 0},
         **sections,
     )
     serve = Serve(config, tmp_path)

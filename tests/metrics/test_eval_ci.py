@@ -115,12 +115,53 @@ def test_bad_rows_exit_1_even_when_the_gate_fails(
 
 
 def test_gated_metric_without_scores_fails() -> None:
-    report = evaluate_rows([{"input": "q", "retrieved_contexts": ["c"]}], "id_context_recall")
-    assert report.summary["id_context_recall"].skipped == 1
-    assert QualityGate(fail_under=0.5).check(report) == []  # nothing scored, nothing under
-    assert QualityGate(per_metric={"id_context_recall": 0.5}).check(report) == [
-        "id_context_recall: no scored result to compare with 0.5"
+    rows = [{"input": "q", "retrieved_contexts": ["c"]}, {"input": "r", "retrieved_contexts": []}]
+    report = evaluate_rows(rows, "id_context_recall")
+    assert report.summary["id_context_recall"].skipped == 2
+    reason = report.items[0].results[0].reason
+    assert reason  # the metric says why it skipped
+    line = (
+        "id_context_recall: no scored rows to compare with 0.5 (2 skipped, 0 error(s)); "
+        f"most common skip reason (2x): {reason}"
+    )
+    # Under the overall --fail-under as under a per-metric one: no data never passes.
+    assert QualityGate(fail_under=0.5).check(report) == [line]
+    assert QualityGate(per_metric={"id_context_recall": 0.5}).check(report) == [line]
+    assert QualityGate(fail_under=0.5, allow_unscored=True).check(report) == []
+    assert (
+        QualityGate(per_metric={"id_context_recall": 0.5}, allow_unscored=True).check(report) == []
+    )
+    # A metric gated by name that did not run at all fails too.
+    assert QualityGate(per_metric={"faithfulness": 0.5}).check(report) == [
+        "faithfulness: no scored rows to compare with 0.5 (the metric did not run)"
     ]
+
+
+def test_most_common_skip_reason_is_named() -> None:
+    rows = [{"input": "q", "retrieved_contexts": ["c"]}] * 2 + [
+        {"input": "r", "retrieved_contexts": ["c"], "reference_context_ids": ["x"]}
+    ]
+    report = evaluate_rows(rows, "id_context_recall")
+    reasons = [item.results[0].reason for item in report.items]
+    assert reasons[0] == reasons[1] != reasons[2]
+    (line,) = QualityGate(fail_under=0.1).check(report)
+    assert line.endswith(f"most common skip reason (2x): {reasons[0]}")
+
+
+def test_cli_gate_fails_on_a_metric_that_scored_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [{k: v for k, v in r.items() if k != "reference_context_ids"} for r in ROWS]
+    data = str(_jsonl(tmp_path, rows))
+    code, out, err = _eval(capsys, data, "--metrics", IDS, "--fail-under", "0.1", "--json")
+    assert code == 3, err
+    failures = json.loads(out)["gate"]["failures"]
+    assert len(failures) == 2
+    assert all("no scored rows" in f and "most common skip reason (2x)" in f for f in failures)
+    assert "gate failed: id_context_recall: no scored rows to compare with 0.1" in err
+    code, _, err = _eval(capsys, data, "--metrics", IDS, "--fail-under", "0.1", "--allow-unscored")
+    assert code == 0, err
+    assert "quality gate passed" in err
 
 
 @pytest.mark.parametrize(
@@ -327,3 +368,16 @@ def test_help_lists_exit_codes_metrics_and_fields() -> None:
     assert "retrieval_context | retrieved_contexts" in text
     assert "--fail-on-case-failure" in text
     assert "docs/metrics.md" in text
+
+
+def test_pytest_plugin_gate_fails_on_no_scored_rows(tmp_path: Path) -> None:
+    from ragtrace_collector.offline.pytest_plugin import RagtraceEval
+
+    rows = [{k: v for k, v in r.items() if k != "reference_context_ids"} for r in ROWS]
+    data = _jsonl(tmp_path, rows)
+    with pytest.raises(AssertionError, match="id_context_recall: no scored rows"):
+        RagtraceEval().assert_file(data, "id_context_recall", fail_under=0.1)
+    report = RagtraceEval().assert_file(
+        data, "id_context_recall", fail_under=0.1, allow_unscored=True
+    )
+    assert report.summary["id_context_recall"].scored == 0

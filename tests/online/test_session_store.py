@@ -150,6 +150,56 @@ async def test_keeps_the_highest_max_turns_indices(backend: Backend) -> None:
     assert indices(await store.get_turns("s")) == [3, 4, 5]
 
 
+def unindexed(
+    start: float, *, trace: str = "t", span: str | None = None, user: str = "q"
+) -> SessionTurn:
+    """A turn without an index (no ragtrace.turn.index), starting at ``start``."""
+    return SessionTurn(
+        turn_index=None,
+        trace_id=trace,
+        span_id=span if span is not None else f"span-{start:g}",
+        user_content=user,
+        assistant_content="a",
+        timestamp=1_700_000_000.0 + start,
+    )
+
+
+def numbered(turns: list[SessionTurn]) -> list[tuple[int | None, str]]:
+    return [(t.turn_index, t.span_id) for t in turns]
+
+
+async def test_turns_without_an_index_are_numbered_by_start(backend: Backend) -> None:
+    """1, 2, 3 in start order whatever the arrival order; a late turn takes its place."""
+    store = backend.make()
+    assert numbered(await store.append_turn("s", unindexed(3))) == [(1, "span-3")]
+    assert numbered(await store.append_turn("s", unindexed(1))) == [(1, "span-1"), (2, "span-3")]
+    kept = await store.append_turn("s", unindexed(2, user="first try"))
+    assert numbered(kept) == [(1, "span-1"), (2, "span-2"), (3, "span-3")]
+    # A retried turn (same span) replaces itself: no fourth turn.
+    kept = await store.append_turn("s", unindexed(2, user="retried"))
+    assert numbered(kept) == [(1, "span-1"), (2, "span-2"), (3, "span-3")]
+    assert kept[1].user_content == "retried"
+    assert numbered(await store.get_turns("s")) == numbered(kept)
+    # Equal starts: the trace id breaks the tie, the same way on every backend.
+    kept = await store.append_turn("s", unindexed(4, trace="b", span="x"))
+    kept = await store.append_turn("s", unindexed(4, trace="a", span="y"))
+    assert numbered(kept)[3:] == [(4, "y"), (5, "x")]
+
+
+async def test_numbering_counts_the_evicted_turns(backend: Backend) -> None:
+    store = backend.make(max_turns=3)
+    for start in range(1, 6):
+        kept = await store.append_turn("s", unindexed(start))
+    assert [t.turn_index for t in kept] == [3, 4, 5]
+    assert [t.turn_index for t in await store.get_turns("s")] == [3, 4, 5]
+    # A late turn older than every kept one is one more turn before them.
+    kept = await store.append_turn("s", unindexed(0.5))
+    assert numbered(kept) == [(4, "span-3"), (5, "span-4"), (6, "span-5")]
+    # Indexed turns of the same session are kept apart, and keep their own indices.
+    assert [t.turn_index for t in await store.append_turn("s", turn(0))] == [0]
+    assert [t.turn_index for t in await store.get_turns("s")] == [0, 4, 5, 6]
+
+
 async def test_default_max_turns_from_window_size(backend: Backend) -> None:
     store = backend.make(window_size=2)
     assert store.max_turns == 4
@@ -334,6 +384,31 @@ async def test_redis_keys_are_namespaced_and_carry_the_ttl(redis_server: RedisSe
     finally:
         await store.aclose()
         await raw.aclose()
+
+
+@pytest.mark.services
+async def test_replicas_number_a_session_the_same(redis_server: RedisServer) -> None:
+    """Two collectors on one Redis, each getting some turns of a session, out of order:
+    every answer numbers the turns alike, the Redis store being the source of truth."""
+    config = SessionStoreConfig(
+        backend="redis", url=redis_server.url, key_prefix=f"rep-{uuid.uuid4().hex}:"
+    )
+    one, two = RedisSessionStore(config), RedisSessionStore(config)
+    try:
+        await one.append_turn("s", unindexed(2))
+        await two.append_turn("s", unindexed(4))
+        await one.append_turn("s", unindexed(1))
+        kept = await two.append_turn("s", unindexed(3))
+        expected = [(1, "span-1"), (2, "span-2"), (3, "span-3"), (4, "span-4")]
+        assert numbered(kept) == expected
+        assert numbered(await one.get_turns("s")) == expected
+        # A score per turn keyed by span id: a retry replaces, another turn adds.
+        await one.add_window_score("s", "m", 1.0, turn_index="span-3")
+        await two.add_window_score("s", "m", 0.5, turn_index="span-3")
+        assert await one.add_window_score("s", "m", 0.25, turn_index="span-4") == (0.75, 2)
+    finally:
+        await one.aclose()
+        await two.aclose()
 
 
 @pytest.mark.services

@@ -43,3 +43,19 @@ def make_span(
         )
     set_attributes(span.attributes, values)
     return span
+
+
+def named_span(
+    name: str, attrs: dict[str, Any], *, tid: bytes, parent: trace_pb2.Span | None = None
+) -> trace_pb2.Span:
+    """A span of any instrumentation: a name and attributes, nothing ragtrace adds."""
+    span = trace_pb2.Span(
+        trace_id=tid,
+        span_id=os.urandom(8),
+        parent_span_id=parent.span_id if parent is not None else b"",
+        name=name,
+        start_time_unix_nano=1_000,
+        end_time_unix_nano=2_000,
+    )
+    set_attributes(span.attributes, attrs.items())
+    return span

@@ -73,6 +73,41 @@ def test_retrievers_found_through_intermediate_spans_but_not_nested_rag() -> Non
     assert cases["inner"].case.retrieved_context_ids == ["y"]
 
 
+def test_nested_retriever_spans_are_one_retrieval() -> None:
+    """LlamaIndex ``retrieve`` > ``_retrieve`` (the inner one records no documents) and
+    OpenLLMetry's nested pair (both record the same documents): the documents once,
+    read from the outermost span that has them."""
+    tid = _trace()
+    rag = make_span(tid, "rag", attrs={semconv.INPUT_VALUE: "q"})
+    outer = make_span(tid, "retriever", parent=rag, start=10, docs=[("a", "A"), ("b", "B")])
+    inner = make_span(tid, "retriever", parent=outer, start=11, docs=[])
+    again = make_span(tid, "retriever", parent=inner, start=12, docs=[("a", "A"), ("b", "B")])
+    later = make_span(tid, "retriever", parent=rag, start=20, docs=[("c", "C")])
+    [built] = build_cases([rag, again, inner, later, outer])
+    assert built.case.retrieved_context_ids == ["a", "b", "c"]
+    sources = built.document_sources or []
+    assert [s.span_id for s in sources] == [outer.span_id.hex()] * 2 + [later.span_id.hex()]
+    # an outer span that recorded nothing: the nested one's documents are the retrieval
+    bare = make_span(tid, "retriever", parent=rag, start=10)
+    below = make_span(tid, "retriever", parent=bare, start=11, docs=[("d", "D")])
+    [built] = build_cases([rag, bare, below])
+    assert built.case.retrieved_context_ids == ["d"]
+
+
+def test_nested_retriever_gives_ids_to_the_outer_documents_by_rank() -> None:
+    """DSPy: ``Retrieve.forward`` records contents only, the ``ColBERTv2`` call below it
+    the same passages with their ids."""
+    tid = _trace()
+    rag = make_span(tid, "rag", attrs={semconv.INPUT_VALUE: "q"})
+    outer = make_span(tid, "retriever", parent=rag, docs=[(None, "P1"), (None, "P2"), (None, "P3")])
+    inner = make_span(
+        tid, "retriever", parent=outer, start=1_001, docs=[("7", "P1"), ("9", "other"), ("4", "P3")]
+    )
+    [built] = build_cases([rag, outer, inner])
+    assert built.case.retrieved_context_ids == ["7", "4"]  # P2's content differs: no id
+    assert [c.content for c in built.case.retrieval_context or []] == ["P1", "P2", "P3"]
+
+
 def test_missing_content_keeps_ids_but_no_text_context() -> None:
     tid = _trace()
     rag = make_span(tid, "rag", attrs={semconv.INPUT_VALUE: "q"})

@@ -21,16 +21,39 @@ from ragtrace_collector.conventions import (
     openllmetry,
 )
 from ragtrace_collector.conventions.base import Role, documents_from_attributes
-from ragtrace_collector.conventions.text import reduce_answer, reduce_question
+from ragtrace_collector.conventions.text import question_text, reduce_answer, reduce_question
 from ragtrace_collector.evaluation.case_builder import (
     CaseRules,
     CasesConfig,
     build_cases,
     may_hold_case,
 )
-from ragtrace_collector.otlp.spanattrs import set_attributes
+from ragtrace_collector.otlp.spanattrs import attributes_to_dict, set_attributes
 
 TID = os.urandom(16)
+
+#: A Haystack ChatMessage as the OpenInference Haystack instrumentor records a reply.
+HAYSTACK_REPLY = (
+    "ChatMessage(_role=<ChatRole.ASSISTANT: 'assistant'>, _content=[TextContent("
+    "text='Paris is the capital of France.')], _name=None, _meta={'model': 'gpt-4o-mini', "
+    "'index': 0, 'finish_reason': 'stop'})"
+)
+HAYSTACK_QUOTED = (
+    "ChatMessage(_role=<ChatRole.ASSISTANT: 'assistant'>, _content=[TextContent("
+    "text='It\\'s \"Paris\".')], _name=None, _meta={})"
+)
+
+
+def _hay(role: str, text: str) -> str:
+    """A Haystack ChatMessage repr of ``role`` (USER, ASSISTANT, SYSTEM)."""
+    return (
+        f"ChatMessage(_role=<ChatRole.{role}: '{role.lower()}'>, "
+        f"_content=[TextContent(text={text!r})], _name=None, _meta={{}})"
+    )
+
+
+def decode(s: trace_pb2.Span) -> dict[str, Any]:
+    return attributes_to_dict(s.attributes)
 
 
 def span(
@@ -161,11 +184,12 @@ def test_output_ids_are_not_taken_when_the_content_differs() -> None:
     assert [d.id for d in got] == ["x", None]
 
 
-def test_session_from_openinference_orders_turns_by_start_time() -> None:
+def test_session_from_openinference_leaves_the_numbering_to_the_store() -> None:
+    """No ragtrace.turn.index: no invented index (the session store numbers the turn)."""
     spans = _langchain_trace(session="s-1")
     [built] = build_cases(spans)
     assert built.session_id == "s-1"
-    assert built.turn_index == spans[-1].start_time_unix_nano // 1000
+    assert built.turn_index is None
 
 
 def test_trace_without_retriever_has_no_case_and_is_never_decoded() -> None:
@@ -279,7 +303,147 @@ def test_genai_question_falls_back_to_the_retrieval_query() -> None:
     assert built.case.actual_output is None
 
 
+def test_haystack_pipeline_trace() -> None:
+    """openinference-instrumentation-haystack: Pipeline.run CHAIN whose input and output
+    are component maps, a RETRIEVER component below it."""
+    question = "What is the capital of France?"
+    pipeline = span(
+        "Pipeline.run",
+        {
+            semconv.OPENINFERENCE_SPAN_KIND: "CHAIN",
+            semconv.INPUT_VALUE: json.dumps(
+                {
+                    "data": {
+                        "retriever": {"query": question},
+                        "prompt_builder": {"question": question},
+                    }
+                }
+            ),
+            semconv.INPUT_MIME_TYPE: "application/json",
+            semconv.OUTPUT_VALUE: json.dumps({"llm": {"replies": [HAYSTACK_REPLY]}}),
+            semconv.OUTPUT_MIME_TYPE: "application/json",
+        },
+    )
+    retriever = span(
+        "InMemoryBM25Retriever.run",
+        {
+            **oi_docs([("kb-paris", "Paris is the capital of France.", {"source": "wiki"})]),
+            semconv.INPUT_VALUE: json.dumps({"query": question, "filters": None, "top_k": 1}),
+            semconv.INPUT_MIME_TYPE: "application/json",
+        },
+        parent=pipeline,
+    )
+    [built] = build_cases([pipeline, retriever])
+    assert built.case.input == question
+    assert built.case.actual_output == "Paris is the capital of France."
+    assert built.case.retrieved_context_ids == ["kb-paris"]
+
+
 # ----------------------------------------------------------------- OpenLLMetry
+def _llama_node(node_id: str, text: str, score: float, **extra: Any) -> str:
+    """One element of the LlamaIndex instrumentation's retriever output: a NodeWithScore
+    serialised to a JSON string (inside the JSON list)."""
+    node = {"id_": node_id, "embedding": None, "text": text, "class_name": "TextNode", **extra}
+    return json.dumps({"node": node, "score": score, "class_name": "NodeWithScore"})
+
+
+def _llama_index_traceloop_trace() -> list[trace_pb2.Span]:
+    """The shape of opentelemetry-instrumentation-llamaindex's RetrieverQueryEngine trace."""
+    kind = semconv.TRACELOOP_SPAN_KIND
+    root = span(
+        "RetrieverQueryEngine.workflow",
+        {
+            kind: "workflow",
+            "traceloop.entity.name": "RetrieverQueryEngine.workflow",
+            semconv.TRACELOOP_ENTITY_INPUT: json.dumps({"str_or_query_bundle": "Who wrote it?"}),
+            semconv.TRACELOOP_ENTITY_OUTPUT: json.dumps(
+                {"response": "Ada.", "metadata": {"u1": {"doc_id": "kb-ada"}}}
+            ),
+        },
+    )
+    task = span("RetrieverQueryEngine.task", {kind: "task"}, parent=root)
+    nodes = [
+        _llama_node(
+            "u1",
+            "Ada wrote it.",
+            0.9,
+            metadata={"doc_id": "kb-ada"},
+            relationships={"1": {"node_id": "kb-ada", "node_type": "4", "metadata": {}}},
+        ),
+        _llama_node(
+            "u2",
+            "Other.",
+            0.5,
+            metadata={},
+            relationships={"1": {"node_id": "kb-other", "node_type": "4", "metadata": {}}},
+        ),
+    ]
+    retriever = span(
+        "VectorIndexRetriever.task",
+        {
+            kind: "task",
+            "traceloop.entity.name": "VectorIndexRetriever.task",
+            semconv.TRACELOOP_ENTITY_INPUT: json.dumps(
+                {"str_or_query_bundle": {"query_str": "Who wrote it?", "embedding": None}}
+            ),
+            semconv.TRACELOOP_ENTITY_OUTPUT: json.dumps(nodes),
+        },
+        parent=task,
+    )
+    splitter = span("SentenceSplitter.task", {kind: "task"}, parent=task)
+    # retrieve() -> _retrieve(): a second retriever span inside the first, same nodes.
+    inner = span("VectorIndexRetriever.task", decode(retriever), parent=retriever, start=1_100)
+    return [root, task, retriever, splitter, inner]
+
+
+def test_openllmetry_llama_index_retriever_task() -> None:
+    root, task, retriever, splitter, inner = _llama_index_traceloop_trace()
+    role_of = {s.name: openllmetry.role(s, decode(s)) for s in (root, task, retriever, splitter)}
+    assert role_of == {
+        "RetrieverQueryEngine.workflow": Role.ROOT,
+        "RetrieverQueryEngine.task": None,
+        "VectorIndexRetriever.task": Role.RETRIEVER,
+        "SentenceSplitter.task": None,
+    }
+    attrs = decode(retriever)
+    docs = openllmetry.documents(retriever, attrs, Role.RETRIEVER) or []
+    assert [(d.id, d.content, d.score) for d in docs] == [
+        ("u1", "Ada wrote it.", 0.9),
+        ("u2", "Other.", 0.5),
+    ]
+    # The node's metadata, kept for the id choice; the source document's id added as
+    # ref_doc_id when the metadata has none.
+    assert [d.metadata for d in docs] == [
+        {"doc_id": "kb-ada", "ref_doc_id": "kb-ada"},
+        {"ref_doc_id": "kb-other"},
+    ]
+    assert [d.ids for d in docs] == [{"document.id": "u1"}, {"document.id": "u2"}]
+    assert openllmetry.retrieval_query(attrs) == "Who wrote it?"
+
+    spans = [root, task, retriever, splitter, inner]
+    assert may_hold_case(spans)
+    [built] = build_cases(spans)
+    assert built.convention == "openllmetry"
+    assert (built.case.input, built.case.actual_output) == ("Who wrote it?", "Ada.")
+    # The nested pair is one retrieval: each node once.
+    assert [c.content for c in built.case.retrieval_context or []] == ["Ada wrote it.", "Other."]
+    assert not may_hold_case([root, task, splitter])  # no retriever: never decoded
+
+
+def test_openllmetry_llama_index_output_of_another_shape_is_read_generically() -> None:
+    attrs = {
+        semconv.TRACELOOP_SPAN_KIND: "task",
+        semconv.TRACELOOP_ENTITY_OUTPUT: json.dumps({"nodes": [{"id": "a", "text": "A."}]}),
+    }
+    s = span("BM25Retriever.task", attrs)
+    assert openllmetry.role(s, attrs) is Role.RETRIEVER
+    docs = openllmetry.documents(s, attrs, Role.RETRIEVER) or []
+    assert [(d.id, d.content) for d in docs] == [("a", "A.")]
+    # Not a retriever's output at all: recorded nothing rather than a made-up document.
+    attrs[semconv.TRACELOOP_ENTITY_OUTPUT] = json.dumps({"response": "text"})
+    assert openllmetry.documents(s, attrs, Role.RETRIEVER) is None
+
+
 def test_openllmetry_vector_db_events_under_a_workflow() -> None:
     workflow = span(
         "rag.workflow",
@@ -450,8 +614,21 @@ def test_cases_config_errors_name_the_key() -> None:
         ),
         ("[not json", "[not json"),
         (json.dumps({"unknown": 1, "other": 2}), json.dumps({"unknown": 1, "other": 2})),
+        # Haystack 2 pipeline input: a component map; "question" beats "query".
+        (json.dumps({"data": {"retriever": {"query": "R"}, "prompt_builder": {"question": "Q"}}}),
+         "Q"),
+        (json.dumps({"data": {"retriever": {"query": "Q", "top_k": 3}}}), "Q"),
+        # LlamaIndex (OpenLLMetry): a QueryBundle, or the plain string.
+        (json.dumps({"str_or_query_bundle": {"query_str": "Q", "embedding": None}}), "Q"),
+        (json.dumps({"str_or_query_bundle": "Q"}), "Q"),
+        # LlamaIndex chat engine (OpenLLMetry): chat(message, chat_history).
+        (json.dumps({"message": "Q", "chat_history": [{"role": "user", "content": "old"}]}), "Q"),
+        # Haystack ChatMessage reprs: the last user message, not the system prompt.
+        (json.dumps({"llm": {"messages": [_hay("SYSTEM", "Be brief."), _hay("USER", "Q"),
+                                          _hay("ASSISTANT", "A")]}}),
+         "Q"),
     ],
-)
+)  # fmt: skip
 def test_reduce_question(value: str, expected: str) -> None:
     assert reduce_question(value) == expected
 
@@ -473,10 +650,52 @@ def test_reduce_question(value: str, expected: str) -> None:
             ),
             "A",
         ),
+        # Haystack 2: a generator's replies, plain or a ChatMessage repr (the
+        # OpenInference Haystack instrumentor's output.value).
+        (json.dumps({"llm": {"replies": ["A"], "meta": [{"model": "m"}]}}), "A"),
+        (json.dumps({"llm": {"replies": [HAYSTACK_REPLY]}}), "Paris is the capital of France."),
+        (json.dumps({"llm": {"replies": [HAYSTACK_QUOTED]}}), 'It\'s "Paris".'),
+        (json.dumps({"retriever": {"documents": ["Document(id=1)"]}, "llm": {"replies": ["A"]}}),
+         "A"),
+        (json.dumps({"response": "A", "metadata": {"n1": {"doc_id": "kb"}}}), "A"),
     ],
-)
+)  # fmt: skip
 def test_reduce_answer(value: str, expected: str) -> None:
     assert reduce_answer(value) == expected
+
+
+def test_a_json_question_without_text_is_no_question() -> None:
+    """Conventions read questions with question_text: JSON that holds no question text
+    is None (the case builder then asks the retrievers), plain text stays as written."""
+    unknown = json.dumps({"unknown": 1, "other": 2})
+    assert question_text(unknown) is None
+    assert question_text("[not json") == "[not json"
+    assert question_text(json.dumps({"question": "Q"})) == "Q"
+    attrs = {semconv.INPUT_VALUE: unknown, semconv.INPUT_MIME_TYPE: "application/json"}
+    assert openinference.question(attrs) is None
+    assert openllmetry.question({semconv.TRACELOOP_ENTITY_INPUT: unknown}) is None
+
+
+def test_a_question_that_does_not_reduce_gives_way_to_the_retriever_query() -> None:
+    chain = span(
+        "Pipeline.run",
+        {
+            semconv.OPENINFERENCE_SPAN_KIND: "CHAIN",
+            semconv.INPUT_VALUE: json.dumps({"data": {"embedder": {"vector": [0.1, 0.2]}}}),
+            semconv.INPUT_MIME_TYPE: "application/json",
+        },
+    )
+    retriever = span(
+        "Retriever.run",
+        {
+            **oi_docs([("kb1", "Paris.", {})]),
+            semconv.INPUT_VALUE: json.dumps({"query": "capital of France", "top_k": 1}),
+            semconv.INPUT_MIME_TYPE: "application/json",
+        },
+        parent=chain,
+    )
+    [built] = build_cases([chain, retriever])
+    assert built.case.input == "capital of France"
 
 
 def test_reduction_is_bounded_on_deep_json() -> None:
@@ -497,6 +716,10 @@ def _marked_spans() -> list[tuple[str, trace_pb2.Span]]:
         ("genai retrieval", span("c", {semconv.GEN_AI_OPERATION_NAME: "retrieval"})),
         ("traceloop retriever", span("d", {semconv.GEN_AI_OPERATION_NAME: "vector_db_retrieve"})),
         ("vector-db event", span("e", {}, events=[(semconv.DB_QUERY_RESULT_EVENT, {})])),
+        (
+            "llamaindex retriever task",
+            span("VectorIndexRetriever.task", {semconv.TRACELOOP_SPAN_KIND: "task"}),
+        ),
     ]
 
 
@@ -505,6 +728,14 @@ def _unmarked_spans() -> list[trace_pb2.Span]:
         span("f", {semconv.OPENINFERENCE_SPAN_KIND: "CHAIN", semconv.INPUT_VALUE: "RETRIEVER"}),
         span("g", {semconv.GEN_AI_OPERATION_NAME: "chat", "note": "retrieval"}),
         span("h", {"http.method": "GET"}, events=[("exception", {"db.query.result": "x"})]),
+        # A task span of another LlamaIndex class, naming a retriever only in its text.
+        span(
+            "RetrieverQueryEngine.task",
+            {
+                semconv.TRACELOOP_SPAN_KIND: "task",
+                semconv.TRACELOOP_ENTITY_INPUT: "VectorIndexRetriever.task",
+            },
+        ),
     ]
 
 

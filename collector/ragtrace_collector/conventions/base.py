@@ -13,7 +13,7 @@ import enum
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
@@ -22,10 +22,13 @@ from ragtrace._documents import extract_document, iter_documents
 from ragtrace_collector.otlp.spanattrs import attributes_to_dict
 
 __all__ = [
+    "ID_DOCUMENT",
+    "ID_OUTPUT",
     "Attrs",
     "Convention",
     "Document",
     "Role",
+    "as_float",
     "as_text",
     "documents_from_attributes",
     "documents_from_json",
@@ -37,6 +40,11 @@ __all__ = [
 ]
 
 Attrs = Mapping[str, Any]
+
+#: Sources of :attr:`Document.ids`: the document's own id field, and the id of the
+#: same-rank entry of the retriever's output.
+ID_DOCUMENT: Final = "document.id"
+ID_OUTPUT: Final = "output.id"
 
 #: Elements read from one JSON document list, at most (a guard on untrusted input).
 _MAX_JSON_DOCUMENTS = 1000
@@ -62,6 +70,11 @@ class Document:
     content: str | None = None
     score: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: Every id the span recorded for the document, by source: ``document.id`` (its own
+    #: id field, not one taken from its metadata) and ``output.id`` (the same-rank entry
+    #: of the retriever's output).  ``id`` is the default pick; the case builder may
+    #: choose another (:mod:`ragtrace_collector.evaluation.document_ids`).
+    ids: dict[str, str] = field(default_factory=dict)
 
 
 class Convention(Protocol):
@@ -83,6 +96,12 @@ class Convention(Protocol):
     @property
     def event_markers(self) -> frozenset[str]:
         """Span event names that mark a retriever span."""
+        ...
+
+    @property
+    def name_suffixes(self) -> tuple[str, ...]:
+        """Span name endings that mark a span this convention may use (the prefilter
+        searches the serialised spans for them, as for :attr:`markers`)."""
         ...
 
     @property
@@ -135,7 +154,8 @@ def _json_object(value: Any) -> dict[str, Any]:
     return {"value": parsed}
 
 
-def _as_float(value: Any) -> float | None:
+def as_float(value: Any) -> float | None:
+    """A number as a float; None for anything else (a bool too)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
@@ -178,14 +198,15 @@ def documents_from_attributes(attrs: Attrs, prefix: str) -> list[Document]:
         )
         if doc_id is None and metadata:
             doc_id = _record_id({"metadata": metadata})
-        docs.append(
-            Document(
-                doc_id,
-                None if value is None else str(value),
-                _as_float(found.get(semconv.DOCUMENT_SCORE)),
-                metadata,
-            )
+        doc = Document(
+            doc_id,
+            None if value is None else str(value),
+            as_float(found.get(semconv.DOCUMENT_SCORE)),
+            metadata,
         )
+        if doc_id is not None and semconv.DOCUMENT_ID in found:
+            doc.ids[ID_DOCUMENT] = doc_id
+        docs.append(doc)
     return docs
 
 
@@ -241,14 +262,15 @@ def documents_from_json(value: Any) -> list[Document] | None:
             docs.append(Document())
             continue
         metadata = record.metadata if isinstance(record.metadata, dict) else {}
-        docs.append(
-            Document(
-                id=record.id,
-                content=as_text(record.content),
-                score=_as_float(record.score),
-                metadata=dict(metadata),
-            )
+        doc = Document(
+            id=record.id,
+            content=as_text(record.content),
+            score=as_float(record.score),
+            metadata=dict(metadata),
         )
+        if record.id is not None and record.id != _record_id({"metadata": metadata}):
+            doc.ids[ID_DOCUMENT] = record.id  # its own id, not one read from its metadata
+        docs.append(doc)
     return docs
 
 
@@ -260,8 +282,10 @@ def fill_ids(docs: Sequence[Document], fallback: Sequence[Document] | None) -> N
         return
     for doc, other in zip(docs, fallback, strict=True):
         same = doc.content is None or other.content is None or doc.content == other.content
-        if doc.id is None and other.id is not None and same:
-            doc.id = other.id
+        if other.id is not None and same:
+            doc.ids[ID_OUTPUT] = other.id
+            if doc.id is None:
+                doc.id = other.id
 
 
 def event_attributes(event: trace_pb2.Span.Event) -> dict[str, Any]:

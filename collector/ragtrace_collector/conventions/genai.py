@@ -28,11 +28,12 @@ from ragtrace_collector.conventions.base import (
     role_from,
     text_attribute,
 )
-from ragtrace_collector.conventions.text import reduce_answer, reduce_question
+from ragtrace_collector.conventions.text import question_text, reduce_answer
 
 name: Final = "genai"
 markers: Final = {semconv.GEN_AI_OPERATION_NAME: frozenset({semconv.GEN_AI_OPERATION_RETRIEVAL})}
 event_markers: Final = frozenset[str]()
+name_suffixes: Final = ()
 role_keys: Final = frozenset({semconv.GEN_AI_OPERATION_NAME})
 
 _ROLES: Final = {
@@ -52,7 +53,7 @@ def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document] 
 
 
 def question(attrs: Attrs) -> str | None:
-    return reduce_question(attrs.get(semconv.GEN_AI_INPUT_MESSAGES))
+    return question_text(attrs.get(semconv.GEN_AI_INPUT_MESSAGES))
 
 
 def answer(attrs: Attrs) -> str | None:

@@ -35,11 +35,12 @@ from ragtrace_collector.conventions.base import (
     role_from,
     text_attribute,
 )
-from ragtrace_collector.conventions.text import reduce_answer, reduce_question
+from ragtrace_collector.conventions.text import question_text, reduce_answer
 
 name: Final = "openinference"
 markers: Final = {semconv.OPENINFERENCE_SPAN_KIND: frozenset({semconv.OI_KIND_RETRIEVER})}
 event_markers: Final = frozenset[str]()
+name_suffixes: Final = ()
 role_keys: Final = frozenset({semconv.OPENINFERENCE_SPAN_KIND})
 
 _ROLES: Final = {
@@ -64,7 +65,7 @@ def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document]:
 
 
 def question(attrs: Attrs) -> str | None:
-    return _read(attrs, semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, reduce_question)
+    return _read(attrs, semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, question_text)
 
 
 def answer(attrs: Attrs) -> str | None:

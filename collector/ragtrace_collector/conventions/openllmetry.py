@@ -12,8 +12,19 @@ instrumentations (Chroma, Qdrant, Pinecone, ...) of the openllmetry repository.
   whose documents are in ``traceloop.entity.output`` (``{"documents": [...]}``;
   that instrumentation drops ``Document.id``, so ids come only from metadata).
   A distance is kept in the document's metadata, not as its score.
+* The LlamaIndex instrumentation (``opentelemetry-instrumentation-llamaindex``) makes
+  every LlamaIndex span a plain ``task`` (a ``workflow`` at the top) named
+  ``<class>.task``; a span whose name ends in ``Retriever.task`` or
+  ``Retriever.workflow`` is a retriever (:data:`name_suffixes`, which the prefilter
+  also searches for, so that no other task span costs more).  Its documents are in
+  ``traceloop.entity.output``: a JSON list of ``NodeWithScore`` objects, each itself a
+  JSON string (``{"node": {"id_", "text", "metadata", "relationships"}, "score"}``).
+  A document's id is the node's ``id_`` (as OpenInference's ``document.id``); its
+  metadata is the node's, plus ``ref_doc_id`` (the source document's id, from the
+  node's SOURCE relationship) when the node's metadata has none.
 * Question and answer: ``traceloop.entity.input`` / ``traceloop.entity.output``
-  (``{"inputs": ...}`` / ``{"outputs": ...}``, JSON reduced).
+  (``{"inputs": ...}`` / ``{"outputs": ...}``, LlamaIndex's
+  ``{"str_or_query_bundle": ...}`` / ``{"response": ...}``, JSON reduced).
 * Session: ``traceloop.association.properties.session_id``.
 """
 
@@ -25,25 +36,36 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ragtrace import semconv
 from ragtrace_collector.conventions.base import (
+    ID_DOCUMENT,
     Attrs,
     Document,
     Role,
+    as_float,
     as_text,
     documents_from_json,
     event_attributes,
     json_value,
     text_attribute,
 )
-from ragtrace_collector.conventions.text import reduce_answer, reduce_question
+from ragtrace_collector.conventions.text import question_text, reduce_answer
 
 name: Final = "openllmetry"
 markers: Final = {
     semconv.GEN_AI_OPERATION_NAME: frozenset({semconv.TRACELOOP_OPERATION_VECTOR_DB_RETRIEVE})
 }
 event_markers: Final = frozenset({semconv.DB_QUERY_RESULT_EVENT})
+#: Span names of the LlamaIndex instrumentation's retriever spans (``VectorIndexRetriever.task``).
+name_suffixes: Final = ("Retriever.task", "Retriever.workflow")
 role_keys: Final = frozenset({semconv.GEN_AI_OPERATION_NAME, semconv.TRACELOOP_SPAN_KIND})
 
 _ROOT_KINDS: Final = frozenset({semconv.TRACELOOP_KIND_WORKFLOW, semconv.TRACELOOP_KIND_AGENT})
+_LLAMA_INDEX_KINDS: Final = frozenset(
+    {semconv.TRACELOOP_KIND_TASK, semconv.TRACELOOP_KIND_WORKFLOW}
+)
+#: Nodes read from one retriever output, at most (a guard on untrusted input).
+_MAX_NODES = 1000
+#: LlamaIndex's ``NodeRelationship.SOURCE``: the document a node was split from.
+_SOURCE = "1"
 
 
 def role(span: trace_pb2.Span, attrs: Attrs) -> Role | None:
@@ -51,7 +73,10 @@ def role(span: trace_pb2.Span, attrs: Attrs) -> Role | None:
         return Role.RETRIEVER
     if any(e.name == semconv.DB_QUERY_RESULT_EVENT for e in span.events):
         return Role.RETRIEVER
-    if attrs.get(semconv.TRACELOOP_SPAN_KIND) in _ROOT_KINDS:
+    kind = attrs.get(semconv.TRACELOOP_SPAN_KIND)
+    if kind in _LLAMA_INDEX_KINDS and span.name.endswith(name_suffixes):
+        return Role.RETRIEVER
+    if kind in _ROOT_KINDS:
         return Role.ROOT
     return None
 
@@ -64,7 +89,50 @@ def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document] 
     ]
     if docs:
         return docs
-    return documents_from_json(attrs.get(semconv.TRACELOOP_ENTITY_OUTPUT))
+    output = attrs.get(semconv.TRACELOOP_ENTITY_OUTPUT)
+    nodes = _llama_index_nodes(output)
+    return nodes if nodes is not None else documents_from_json(output)
+
+
+def _llama_index_nodes(value: Any) -> list[Document] | None:
+    """The documents of a LlamaIndex retriever's output, a list of ``NodeWithScore``
+    (each a JSON string or an object); None when it is not one."""
+    parsed = json_value(value)
+    if not isinstance(parsed, list) or not parsed:
+        return None
+    docs: list[Document] = []
+    for item in parsed[:_MAX_NODES]:
+        held = json_value(item)
+        if not isinstance(held, dict):
+            return None
+        node = held.get("node")
+        if not isinstance(node, dict) or not ("id_" in node or "text" in node):
+            return None
+        docs.append(_node_document(node, held.get("score")))
+    return docs
+
+
+def _node_document(node: dict[str, Any], score: Any) -> Document:
+    raw_id = node.get("id_")
+    doc_id = None if raw_id is None or raw_id == "" else str(raw_id)
+    text = node.get("text")
+    if text is None and isinstance(node.get("text_resource"), dict):
+        text = node["text_resource"].get("text")
+    raw = node.get("metadata")
+    metadata: dict[str, Any] = dict(raw) if isinstance(raw, dict) else {}
+    relationships = node.get("relationships")
+    source = relationships.get(_SOURCE) if isinstance(relationships, dict) else None
+    if isinstance(source, dict) and source.get("node_id") is not None:
+        metadata.setdefault("ref_doc_id", str(source["node_id"]))
+    doc = Document(
+        id=doc_id,
+        content=as_text(text),
+        score=as_float(score),
+        metadata=metadata,
+    )
+    if doc_id is not None:
+        doc.ids[ID_DOCUMENT] = doc_id
+    return doc
 
 
 def _event_document(attrs: Attrs) -> Document:
@@ -78,18 +146,19 @@ def _event_document(attrs: Attrs) -> Document:
     distance = attrs.get(semconv.DB_QUERY_RESULT_DISTANCE)
     if isinstance(distance, (int, float)) and not isinstance(distance, bool):
         metadata.setdefault("distance", distance)
-    return Document(
+    doc = Document(
         id=None if doc_id is None else str(doc_id),
         content=as_text(content),
-        score=float(score)
-        if isinstance(score, (int, float)) and not isinstance(score, bool)
-        else None,
+        score=as_float(score),
         metadata=metadata,
     )
+    if doc.id is not None:
+        doc.ids[ID_DOCUMENT] = doc.id
+    return doc
 
 
 def question(attrs: Attrs) -> str | None:
-    return reduce_question(attrs.get(semconv.TRACELOOP_ENTITY_INPUT))
+    return question_text(attrs.get(semconv.TRACELOOP_ENTITY_INPUT))
 
 
 def answer(attrs: Attrs) -> str | None:
@@ -101,4 +170,4 @@ def session_id(attrs: Attrs) -> str | None:
 
 
 def retrieval_query(attrs: Attrs) -> str | None:
-    return reduce_question(attrs.get(semconv.TRACELOOP_ENTITY_INPUT))
+    return question_text(attrs.get(semconv.TRACELOOP_ENTITY_INPUT))

@@ -32,6 +32,7 @@ markers: Final = {
     )
 }
 event_markers: Final = frozenset[str]()
+name_suffixes: Final = ()
 role_keys: Final = frozenset({semconv.RAGTRACE_SPAN_KIND})
 
 _ROLES: Final = {

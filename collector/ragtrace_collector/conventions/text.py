@@ -6,11 +6,19 @@ JSON.  A case needs the question and the answer text, so a JSON value is reduced
 * a JSON string value is the text itself;
 * an **object** is reduced through its first key that holds the text: for a question
   ``input``, ``question``, ``query``, ``query_str``, ``inputs``, ``user_input``,
-  ``prompt``, ``messages``, ``query_bundle``, ``text``, ``content``; for an answer
+  ``prompt``, ``messages``, ``message`` (LlamaIndex chat engines), ``query_bundle``,
+  ``text``, ``content``; for an answer
   ``output``, ``answer``, ``result``, ``response``, ``outputs``, ``output_text``,
-  ``generations``, ``choices``, ``message``, ``messages``, ``text``, ``content``,
-  ``kwargs`` (LangChain's serialised messages keep their content there).  An object
-  with none of these but exactly one text value reduces to that value;
+  ``replies`` (Haystack generators), ``generations``, ``choices``, ``message``,
+  ``messages``, ``text``, ``content``, ``kwargs`` (LangChain's serialised messages keep
+  their content there).  An object with none of these but exactly one text value
+  reduces to that value;
+* an object with none of these keys whose values are objects is a **component map**
+  (Haystack's pipeline input ``{"data": {"retriever": {"query": ...}, "prompt_builder":
+  {"question": ...}}}`` and output ``{"llm": {"replies": [...]}}``, LlamaIndex's
+  ``{"str_or_query_bundle": {"query_str": ...}}``): the same keys are looked for one
+  level down, then two, key order first (so ``question`` beats ``query`` whichever
+  component holds it);
 * a **list of messages** (OpenAI/LangChain ``{"role"|"type": ..., "content": ...}``,
   GenAI ``{"role": ..., "parts": [{"type": "text", "content": ...}]}``, LangChain's
   serialised ``HumanMessage``/``AIMessage``): the last user (human) message for the
@@ -18,7 +26,15 @@ JSON.  A case needs the question and the answer text, so a JSON value is reduced
   as parts is joined;
 * any other **list**: its last element for the question, its first for the answer
   (LangChain's ``generations[0][0].text``), reduced the same way;
-* text that is not JSON, or JSON that reduces to nothing, is kept as it was.
+* the Python repr of a Haystack ``ChatMessage`` (what the OpenInference Haystack
+  instrumentor records for a chat generator's replies:
+  ``ChatMessage(_role=<ChatRole.ASSISTANT: 'assistant'>, _content=[TextContent(text='...')], ...)``)
+  is a message: its ``TextContent`` texts, joined;
+* text that is not JSON is kept as it was.  JSON that reduces to nothing is kept as it
+  was by :func:`reduce_question` / :func:`reduce_answer`; :func:`question_text` gives
+  None instead.  The conventions read questions with the latter, so that the case
+  builder lets the first retriever's query stand in rather than take a JSON document
+  for the question (which would match no reference and mislead every judge).
 
 The reduction only descends :data:`_MAX_DEPTH` levels: input is untrusted.  Callers
 decide whether a value may hold JSON at all (OpenInference's ``input.value`` only
@@ -27,12 +43,14 @@ when ``input.mime_type`` says so).
 
 from __future__ import annotations
 
+import ast
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from ragtrace_collector.conventions.base import json_value
 
-__all__ = ["reduce_answer", "reduce_question"]
+__all__ = ["question_text", "reduce_answer", "reduce_question"]
 
 _MAX_DEPTH = 8
 
@@ -45,6 +63,7 @@ _QUESTION_KEYS = (
     "user_input",
     "prompt",
     "messages",
+    "message",
     "query_bundle",
     "text",
     "content",
@@ -56,6 +75,7 @@ _ANSWER_KEYS = (
     "response",
     "outputs",
     "output_text",
+    "replies",
     "generations",
     "choices",
     "message",
@@ -69,33 +89,78 @@ _ASSISTANT_ROLES = frozenset({"assistant", "ai", "aimessage", "aimessagechunk", 
 
 _Side = Literal["question", "answer"]
 
+#: Objects looked at per level of a component map, at most (input is untrusted).
+_MAX_COMPONENTS = 64
+
+#: A Haystack ``ChatMessage`` repr, and the ``TextContent(text=...)`` literals in it.
+_CHAT_MESSAGE = re.compile(r"ChatMessage\(_role=<ChatRole\.(\w+)")
+_TEXT_CONTENT = re.compile(r"""TextContent\(text=('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""", re.S)
+
 
 def reduce_question(value: Any) -> str | None:
     """The user question held by an input value (see the module docstring)."""
-    return _reduce_value(value, "question")
+    return _reduce_value(value, "question", True)
+
+
+def question_text(value: Any) -> str | None:
+    """As :func:`reduce_question`, but None rather than the value when it is JSON that
+    holds no question: how a convention reads a case span's question or a retriever
+    span's query."""
+    return _reduce_value(value, "question", False)
 
 
 def reduce_answer(value: Any) -> str | None:
     """The final answer text held by an output value (see the module docstring)."""
-    return _reduce_value(value, "answer")
+    return _reduce_value(value, "answer", True)
 
 
-def _reduce_value(value: Any, side: _Side) -> str | None:
+def _reduce_value(value: Any, side: _Side, keep: bool) -> str | None:
     if value is None:
         return None
     parsed = json_value(value)
     if isinstance(parsed, str):
-        return parsed
+        message = _haystack_message(parsed)
+        return message["content"] if message is not None else parsed
     reduced = _reduce(parsed, side, 0)
     if reduced is not None:
         return reduced
-    return value if isinstance(value, str) else None
+    return value if keep and isinstance(value, str) else None
+
+
+def _haystack_message(text: str) -> dict[str, str] | None:
+    """A Haystack ``ChatMessage`` repr as ``{"role", "content"}`` (its ``TextContent``
+    texts joined); None when ``text`` is not one or holds no text."""
+    if not text.startswith("ChatMessage("):
+        return None
+    found = _CHAT_MESSAGE.match(text)
+    if found is None:
+        return None
+    texts: list[str] = []
+    for literal in _TEXT_CONTENT.findall(text):
+        try:
+            held = ast.literal_eval(literal)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if isinstance(held, str):
+            texts.append(held)
+    return {"role": found.group(1).lower(), "content": "\n".join(texts)} if texts else None
+
+
+def _as_message(item: Any) -> Any:
+    """``item``, or the message a Haystack ``ChatMessage`` repr holds."""
+    if isinstance(item, str) and item.startswith("ChatMessage("):
+        return _haystack_message(item) or item
+    return item
 
 
 def _reduce(value: Any, side: _Side, depth: int) -> str | None:
     if depth > _MAX_DEPTH:
         return None
     if isinstance(value, str):
+        message = _haystack_message(value)
+        if message is not None:
+            wanted = _USER_ROLES if side == "question" else _ASSISTANT_ROLES
+            return message["content"] if message["role"] in wanted else None
         nested = json_value(value)
         if nested is not value and depth < _MAX_DEPTH:
             return _reduce(nested, side, depth + 1) or value
@@ -161,6 +226,7 @@ def _is_message(value: Any) -> bool:
 def _from_list(items: list[Any], side: _Side, depth: int) -> str | None:
     if not items:
         return None
+    items = [_as_message(i) for i in items]
     messages = [m for m in items if _is_message(m)]
     if messages:
         wanted = _USER_ROLES if side == "question" else _ASSISTANT_ROLES
@@ -185,5 +251,24 @@ def _from_mapping(obj: Mapping[str, Any], side: _Side, depth: int) -> str | None
                 return reduced
     texts = [v for v in obj.values() if isinstance(v, str)]
     if len(texts) == 1 and len(obj) == 1:
-        return texts[0]
+        return _reduce(texts[0], side, depth + 1)
+    return _from_components(obj, side, keys, depth)
+
+
+def _from_components(
+    obj: Mapping[str, Any], side: _Side, keys: tuple[str, ...], depth: int
+) -> str | None:
+    """A component map: the first of ``keys`` held by an object one level down, then
+    two levels down, ... (key order first, then component order)."""
+    level = [v for v in obj.values() if isinstance(v, Mapping)][:_MAX_COMPONENTS]
+    while level and depth < _MAX_DEPTH:
+        depth += 1
+        for key in keys:
+            for component in level:
+                held = component.get(key)
+                if held is not None:
+                    reduced = _reduce(held, side, depth + 1)
+                    if reduced is not None:
+                        return reduced
+        level = [v for c in level for v in c.values() if isinstance(v, Mapping)][:_MAX_COMPONENTS]
     return None

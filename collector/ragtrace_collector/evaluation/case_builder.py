@@ -14,7 +14,10 @@ builds one :class:`BuiltCase` per case span.  The rest of the collector sees onl
 * otherwise (no ``@rag`` span, no ``cases.match``): the *outermost* CHAIN or AGENT
   span (OpenInference), ``invoke_agent``/``invoke_workflow`` span (GenAI) or
   ``workflow``/``agent`` span (OpenLLMetry) that has at least one retriever span below
-  it.  A trace with no retriever has no such case (and is forwarded unscored).
+  it.  A trace with no retriever has no such case (and is forwarded unscored).  A
+  retriever named by ``cases.retrievers``
+  (:mod:`~ragtrace_collector.evaluation.configured_retrievers`) with no such span above
+  it makes its outermost ancestor (the trace's root) the case.
 
 **What a case holds.**
 
@@ -26,15 +29,21 @@ builds one :class:`BuiltCase` per case span.  The rest of the collector sees onl
   case span, the first retriever's query stands in;
 * the retrieval context: the documents of the retriever spans below the case span
   (not below a nested case span), retriever spans in start-time order, each in rank
-  order; when a reranker ran, the output order of the last reranker to finish wins;
+  order; when a reranker ran, the output order of the last reranker to finish wins.
+  Retriever spans nested in a retriever span are one retrieval: the documents of the
+  outermost span that recorded some, those without an id taking the id of the
+  same-rank document of a nested span when their contents agree;
+* the id of each document: chosen among the ids it carries to be of the reference
+  ids' kind (:mod:`~ragtrace_collector.evaluation.document_ids`); a case that compares
+  ids says where they were read in ``ragtrace.retrieval.document_id_source``;
 * ground truth from the span (``ragtrace.expected_output``,
   ``ragtrace.reference_contexts``, ``ragtrace.reference_context_ids``,
   ``ragtrace.expected_outcome``), else from the reference store by input, field by
   field;
 * the conversation: the session id (``session.id``, ``gen_ai.conversation.id``,
   Traceloop's ``session_id`` association property) from the case span, else from its
-  retriever spans; the turn index from ``ragtrace.turn.index``, else (in a session)
-  the case span's start time in microseconds, which orders the turns.
+  retriever spans; the turn index from ``ragtrace.turn.index``, else None (in a
+  session, the session store then numbers the turn: 1, 2, 3, ... by start time).
 
 A document without captured content still contributes its id to the ID metrics, but
 then the text metrics see no retrieval context and are skipped with a reason, rather
@@ -44,24 +53,28 @@ than scored on empty strings.
 from __future__ import annotations
 
 import difflib
-import fnmatch
-import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from opentelemetry.proto.trace.v1 import trace_pb2
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragtrace import semconv
-from ragtrace_collector.cases import ContextItem, RAGCase, id_text
+from ragtrace_collector.cases import ContextItem, RAGCase
 from ragtrace_collector.conventions import CONVENTIONS, Convention, Document, Role, by_name
 from ragtrace_collector.conventions.base import documents_from_attributes, json_value
 from ragtrace_collector.conventions.text import reduce_answer, reduce_question
-from ragtrace_collector.evaluation.sampling import AttrScalar
+from ragtrace_collector.evaluation.configured_retrievers import (
+    CaseMatch,
+    ConfiguredRetrievers,
+    RetrieverRule,
+    SpanMatcher,
+)
+from ragtrace_collector.evaluation.document_ids import DocumentIds, check_source
 from ragtrace_collector.otlp.protowire import string_field, varint
-from ragtrace_collector.otlp.spanattrs import any_value_to_python
+from ragtrace_collector.otlp.spanattrs import any_value_to_python, set_attribute
 from ragtrace_collector.results import trusted
 
 __all__ = [
@@ -71,6 +84,7 @@ __all__ = [
     "CasesConfig",
     "DocumentSource",
     "ReferenceLookup",
+    "RetrieverRule",
     "build_cases",
     "documents_from_attributes",
     "may_hold_case",
@@ -92,25 +106,6 @@ _SEARCH_LIMIT = 8192
 
 
 # -------------------------------------------------------------------- config
-class CaseMatch(BaseModel):
-    """Selects case spans; every condition listed must hold on the span itself."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    #: Span name, exact or a glob (``answer*``, ``*.query``).
-    span_name: str | None = None
-    #: attribute == value, e.g. ``{app.step: answer}``
-    equals: dict[str, AttrScalar] = Field(default_factory=dict)
-    #: every listed attribute is present
-    exists: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _not_empty(self) -> CaseMatch:
-        if self.span_name is None and not self.equals and not self.exists:
-            raise ValueError("a matcher needs span_name, equals or exists")
-        return self
-
-
 class CasesConfig(BaseModel):
     """The ``cases:`` section: which spans become evaluation cases, and how they are read."""
 
@@ -128,6 +123,42 @@ class CasesConfig(BaseModel):
     #: Attribute of the case span holding the answer (JSON reduced); default: the
     #: convention's (``output.value``, ``gen_ai.output.messages``, ...).
     answer_attribute: str | None = None
+    #: Where a retrieved document's id is read, in order (the first a document has):
+    #: ``document.id``, ``metadata.<key>``, ``output.id`` (docs/ground-truth.md); or a
+    #: map from convention name (``openinference``, ``cases.retrievers``, ...) to such a
+    #: list.  Unset: ``document.id``, then the metadata's ``doc_id``, ``document_id``,
+    #: ``ref_doc_id``, ``id``, ``_id``, ``node_id``, ``chunk_id``, then ``output.id``;
+    #: and when those ids match none of a case's reference ids but another of these
+    #: sources does, that source (said on the span and logged); generated ids (UUIDs)
+    #: are never scored against reference ids that are not.
+    document_id: list[str] | dict[str, list[str]] | None = None
+    #: Cases with reference ids watched per service: when none of the last this many
+    #: retrieved a reference id, ``/healthz`` warns (docs/ground-truth.md).
+    id_overlap_window: int = Field(50, ge=1, le=100_000)
+    #: Retriever spans of any instrumentation, and where their documents are.
+    retrievers: list[RetrieverRule] = Field(default_factory=list)
+
+    @field_validator("document_id")
+    @classmethod
+    def _sources(
+        cls, value: list[str] | dict[str, list[str]] | None
+    ) -> list[str] | dict[str, list[str]] | None:
+        if value is None:
+            return None
+        lists = value.values() if isinstance(value, dict) else [value]
+        for sources in lists:
+            if not sources:
+                raise ValueError("name at least one id source (document.id, metadata.<key>, ...)")
+            for source in sources:
+                check_source(source)
+        if isinstance(value, dict):
+            known = [c.name for c in CONVENTIONS] + [ConfiguredRetrievers.name]
+            for name in value:
+                if name not in known:
+                    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+                    hint = f"did you mean {close[0]!r}?" if close else f"one of: {', '.join(known)}"
+                    raise ValueError(f"unknown convention {name!r} ({hint})")
+        return value
 
     @field_validator("conventions")
     @classmethod
@@ -146,17 +177,22 @@ class CasesConfig(BaseModel):
 class CaseRules:
     """:class:`CasesConfig` compiled for the hot path (build once, share)."""
 
-    def __init__(self, config: CasesConfig | None = None) -> None:
+    def __init__(self, config: CasesConfig | None = None, *, watch_ids: bool = True) -> None:
         config = config or CasesConfig()
-        self.conventions: tuple[Convention, ...] = by_name(config.conventions)
-        self.matchers = [
-            (
-                re.compile(fnmatch.translate(m.span_name)) if m.span_name is not None else None,
-                dict(m.equals),
-                list(m.exists),
-            )
-            for m in config.match
-        ]
+        configured = ConfiguredRetrievers(config.retrievers)
+        self.configured = configured
+        conventions: tuple[Convention, ...] = by_name(config.conventions)
+        self.conventions: tuple[Convention, ...] = (
+            (configured, *conventions) if configured else conventions
+        )
+        sources = config.document_id
+        self.document_ids = DocumentIds(
+            sources if isinstance(sources, list) else None,
+            sources if isinstance(sources, dict) else None,
+            window=config.id_overlap_window,
+            watch=watch_ids,
+        )
+        self.matchers = [SpanMatcher.of(m) for m in config.match]
         self.question_attribute = config.question_attribute
         self.answer_attribute = config.answer_attribute
         markers: dict[str, frozenset[str] | None] = {}
@@ -171,18 +207,12 @@ class CaseRules:
         self.event_markers = frozenset(e for c in self.conventions for e in c.event_markers)
         self.role_keys = frozenset(k for c in self.conventions for k in c.role_keys)
         self._name_patterns = [p for p, equals, exists in self.matchers if p is not None]
+        self._name_patterns += configured.name_patterns
+        self.name_suffixes = tuple(s for c in self.conventions for s in c.name_suffixes)
         self._patterns = _marker_patterns(markers, self.event_markers)
 
     def matches(self, span: trace_pb2.Span, attrs: Mapping[str, Any]) -> bool:
-        for pattern, equals, exists in self.matchers:
-            if pattern is not None and not pattern.fullmatch(span.name):
-                continue
-            if any(attrs.get(k) != v for k, v in equals.items()):
-                continue
-            if any(k not in attrs for k in exists):
-                continue
-            return True
-        return False
+        return any(m.matches(span, attrs) for m in self.matchers)
 
     def may_hold_case(self, spans: Iterable[trace_pb2.Span]) -> bool:
         """Cheap: could these spans hold a case?  True when a span carries a marker
@@ -198,7 +228,12 @@ class CaseRules:
         if self._name_patterns:
             return any(self._span_may_hold(span) for span in spans)
         small: list[bytes] = []
+        suffixes = self.name_suffixes
         for span in spans:
+            # Span names are checked one by one: cheaper than one more search of the
+            # serialised bytes per name ending (benchmarks/prefilter_name_suffixes.py).
+            if suffixes and span.name.endswith(suffixes):
+                return True
             if span.ByteSize() <= _SEARCH_LIMIT:  # sized without serialising a 10 MB span
                 small.append(span.SerializeToString())
             elif self._span_may_hold(span):
@@ -217,6 +252,8 @@ class CaseRules:
             for event in span.events:
                 if event.name in self.event_markers:
                     return True
+        if self.name_suffixes and span.name.endswith(self.name_suffixes):
+            return True
         return any(p.fullmatch(span.name) for p in self._name_patterns)
 
 
@@ -372,16 +409,19 @@ def build_cases(
     ]
     # @rag spans or matched spans when there are any (or matchers are set), else the
     # outermost root above each retriever.
-    case_nodes = explicit if explicit or rules.matchers else _outermost_roots(nodes)
+    if explicit or rules.matchers:
+        case_nodes = explicit
+    else:
+        case_nodes = _outermost_roots(nodes, rules.configured)
     stops = {n.span.span_id for n in case_nodes}
 
     built: list[BuiltCase] = []
     for node in case_nodes:
-        retrievers, rerankers = _retrieval_under(node, children, stops)
+        groups, rerankers = _retrieval_under(node, children, stops)
         try:
             case = _build_one(
                 node,
-                retrievers,
+                groups,
                 rerankers,
                 rules=rules,
                 service=service_of(node.span) if service_of else "unknown",
@@ -399,21 +439,26 @@ def build_cases(
     return built
 
 
-def _outermost_roots(nodes: Mapping[bytes, _Node]) -> list[_Node]:
-    """The outermost ROOT ancestor of every retriever, each once, in span order."""
+def _outermost_roots(nodes: Mapping[bytes, _Node], configured: object) -> list[_Node]:
+    """The outermost ROOT ancestor of every retriever, each once, in span order; for a
+    retriever of ``cases.retrievers`` (``configured``) with none, its outermost ancestor."""
     chosen: dict[bytes, _Node] = {}
     for node in nodes.values():
         if node.role is not Role.RETRIEVER:
             continue
         top: _Node | None = None
+        outermost: _Node | None = None
         parent_id = node.span.parent_span_id
         for _ in range(_MAX_DEPTH):
             parent = nodes.get(parent_id) if parent_id else None
             if parent is None:
                 break
+            outermost = parent
             if parent.role is Role.ROOT:
                 top = parent
             parent_id = parent.span.parent_span_id
+        if top is None and node.convention is configured:
+            top = outermost  # in-house spans: no chain span above, the trace's root is
         if top is not None:
             chosen.setdefault(top.span.span_id, top)
     order = {sid: i for i, sid in enumerate(nodes)}
@@ -422,53 +467,119 @@ def _outermost_roots(nodes: Mapping[bytes, _Node]) -> list[_Node]:
 
 def _retrieval_under(
     case: _Node, children: Mapping[bytes, list[_Node]], stops: set[bytes]
-) -> tuple[list[_Node], list[_Node]]:
-    retrievers: list[_Node] = []
+) -> tuple[list[list[_Node]], list[_Node]]:
+    """The retrievers below ``case`` (not below a nested case span) as groups: the
+    outermost retriever span of each, in start order, followed by the retriever spans
+    nested in it (a LlamaIndex ``retrieve`` > ``_retrieve``, DSPy ``Retrieve`` >
+    ``ColBERTv2``), which are one retrieval, not several; and the rerankers in end order."""
+    groups: dict[bytes, list[_Node]] = {}
     rerankers: list[_Node] = []
     seen: set[bytes] = {case.span.span_id}
-    stack = list(children.get(case.span.span_id, ()))
+    stack: list[tuple[_Node, _Node | None]] = [
+        (child, None) for child in children.get(case.span.span_id, ())
+    ]
     while stack:
-        node = stack.pop()
+        node, outer = stack.pop()
         sid = node.span.span_id
         if sid in stops or sid in seen:
             continue  # a nested case span is a case of its own
         seen.add(sid)
         if node.role is Role.RETRIEVER:
-            retrievers.append(node)
+            if outer is None:
+                groups[sid] = [node]
+                outer = node
+            else:
+                groups[outer.span.span_id].append(node)
         elif node.role is Role.RERANKER:
             rerankers.append(node)
-        stack.extend(children.get(sid, ()))
-    retrievers.sort(key=lambda n: (n.span.start_time_unix_nano, n.span.span_id))
+        stack.extend((child, outer) for child in children.get(sid, ()))
+    ordered = sorted(groups.values(), key=lambda g: _start_order(g[0]))
+    for group in ordered:
+        group[1:] = sorted(group[1:], key=_start_order)
     rerankers.sort(key=lambda n: (n.span.end_time_unix_nano, n.span.span_id))
-    return retrievers, rerankers
+    return ordered, rerankers
 
 
-def _context_docs(
-    retrievers: list[_Node], rerankers: list[_Node]
-) -> tuple[list[Document], list[DocumentSource]] | None:
-    """The case's documents in rank order, each with (span id hex, position on that
-    span) of where it was read; None when no retriever ran or none recorded its
-    documents (then the ID metrics are skipped rather than scored on "found none")."""
-    sources = (
-        [(rerankers[-1], Role.RERANKER)]
-        if rerankers
-        else [(node, Role.RETRIEVER) for node in retrievers]
-    )
+def _start_order(node: _Node) -> tuple[int, bytes]:
+    return node.span.start_time_unix_nano, node.span.span_id
+
+
+class _Found(NamedTuple):
+    """The case's documents in rank order, and for each the convention that read it and
+    where (span id hex, position on that span)."""
+
+    docs: list[Document]
+    conventions: list[str]
+    where: list[tuple[str, int]]
+
+
+def _context_docs(groups: list[list[_Node]], rerankers: list[_Node]) -> _Found | None:
+    """The case's documents; None when no retriever ran or none recorded its documents
+    (then the ID metrics are skipped rather than scored on "found none")."""
+    if rerankers:
+        node = rerankers[-1]
+        assert node.convention is not None
+        read = node.convention.documents(node.span, node.attrs, Role.RERANKER)
+        sources = [] if read is None else [(node, read)]
+    else:
+        sources = [r for r in map(_group_documents, groups) if r is not None]
     if not sources:
         return None
     docs: list[Document] = []
-    where: list[DocumentSource] = []
-    recorded = False
-    for node, role in sources:
+    conventions: list[str] = []
+    where: list[tuple[str, int]] = []
+    for node, found in sources:
         assert node.convention is not None
-        found = node.convention.documents(node.span, node.attrs, role)
-        if found is None:
-            continue  # this span did not record its documents (not: found none)
-        recorded = True
         docs.extend(found)
+        conventions.extend([node.convention.name] * len(found))
         span_hex = node.span.span_id.hex()
-        where.extend(DocumentSource(span_hex, i, doc.id) for i, doc in enumerate(found))
-    return (docs, where) if recorded else None
+        where.extend((span_hex, i) for i in range(len(found)))
+    return _Found(docs, conventions, where)
+
+
+def _read_documents(node: _Node) -> list[Document] | None:
+    assert node.convention is not None
+    return node.convention.documents(node.span, node.attrs, Role.RETRIEVER)
+
+
+def _group_documents(group: list[_Node]) -> tuple[_Node, list[Document]] | None:
+    """The documents of one retrieval (a retriever span and those nested in it): those
+    of the outermost span that recorded some; a document there without an id takes the
+    id of the same-rank document of a nested span when their contents agree.  None:
+    no span of the group recorded its documents."""
+    empty: _Node | None = None
+    for index, node in enumerate(group):
+        docs = _read_documents(node)
+        if docs is None:
+            continue  # this span did not record its documents (not: found none)
+        if not docs:
+            empty = empty or node
+            continue
+        for inner in group[index + 1 :]:
+            if all(d.id is not None for d in docs):
+                break
+            _fill_from(docs, _read_documents(inner))
+        return node, docs
+    return (empty, []) if empty is not None else None
+
+
+def _fill_from(docs: list[Document], inner: list[Document] | None) -> None:
+    """Ids (and metadata) for the documents without one, from ``inner`` by rank."""
+    if not inner:
+        return
+    for doc, other in zip(docs, inner, strict=False):
+        if doc.id is not None or other.id is None:
+            continue
+        if doc.content is not None and other.content is not None:
+            if doc.content != other.content:
+                continue
+        elif len(docs) != len(inner):
+            continue
+        doc.id = other.id
+        for source, value in other.ids.items():
+            doc.ids.setdefault(source, value)
+        if not doc.metadata:
+            doc.metadata = other.metadata
 
 
 def _read_order(node: _Node, rules: CaseRules) -> list[Convention]:
@@ -486,7 +597,7 @@ def _first(readers: Iterable[Callable[[Mapping[str, Any]], str | None]], attrs: 
 
 def _build_one(
     node: _Node,
-    retrievers: list[_Node],
+    groups: list[list[_Node]],
     rerankers: list[_Node],
     *,
     rules: CaseRules,
@@ -495,6 +606,7 @@ def _build_one(
 ) -> BuiltCase:
     attrs = node.attrs
     order = _read_order(node, rules)
+    retrievers = [n for group in groups for n in group]  # outermost first
     if rules.question_attribute is not None:
         user_input = reduce_question(attrs.get(rules.question_attribute))
     else:
@@ -550,15 +662,30 @@ def _build_one(
             if filled and source is None:
                 source = "reference_store"
 
-    found = _context_docs(retrievers, rerankers)
-    docs, document_sources = found if found is not None else (None, None)
+    found = _context_docs(groups, rerankers)
     retrieval_context: list[ContextItem] | None = None
     retrieved_ids: list[str] | None = None
-    if docs is not None:
-        ids = [d.id for d in docs if d.id is not None]
+    document_sources: list[DocumentSource] | None = None
+    mismatch: str | None = None
+    if found is not None:
+        docs = found.docs
+        choice = rules.document_ids.choose(service, docs, found.conventions, reference_ids)
+        doc_ids = choice.ids
+        mismatch = choice.mismatch
+        document_sources = [
+            DocumentSource(span_hex, position, doc_id)
+            for (span_hex, position), doc_id in zip(found.where, doc_ids, strict=True)
+        ]
+        ids = [i for i in doc_ids if i is not None]
         # No document carried an id: the ID metrics have nothing to compare (skipped).
         # No document at all: an empty retrieval, which the ID metrics score as 0.
         retrieved_ids = ids if (ids or not docs) else None
+        if reference_ids and ids:
+            if choice.mismatch is None:
+                rules.document_ids.observe(service, ids, reference_ids, choice.source)
+            if choice.source is not None:
+                set_attribute(node.span.attributes, semconv.DOCUMENT_ID_SOURCE, choice.source)
+                attrs[semconv.DOCUMENT_ID_SOURCE] = choice.source
         if all(d.content is not None for d in docs):
             # Built without validation: every value already has the type ContextItem
             # declares (read as such above), ids as the text they are compared by.
@@ -567,22 +694,20 @@ def _build_one(
                     ContextItem,
                     {
                         "content": d.content or "",
-                        "id": d.id if d.id is None or type(d.id) is str else id_text(d.id),
+                        "id": doc_id,
                         "score": d.score,
                         "metadata": d.metadata,
                     },
                 )
-                for d in docs
+                for d, doc_id in zip(docs, doc_ids, strict=True)
             ]
 
     span = node.span
     turn = attrs.get(semconv.TURN_INDEX)
-    if isinstance(turn, (int, float)) and not isinstance(turn, bool):
-        turn_index: int | None = int(turn)
-    elif session_id:
-        turn_index = span.start_time_unix_nano // 1000
-    else:
-        turn_index = None
+    # No index: None, and the session store numbers the turn (1, 2, 3, ... by start).
+    turn_index = (
+        int(turn) if isinstance(turn, (int, float)) and not isinstance(turn, bool) else None
+    )
     trace_id = span.trace_id.hex()
     span_id = span.span_id.hex()
     case = trusted(
@@ -596,6 +721,7 @@ def _build_one(
             "reference_context_ids": reference_ids,
             "retrieved_context_ids": retrieved_ids,
             "case_id": f"{trace_id}:{span_id}",
+            "retrieved_ids_mismatch": mismatch,
         },
     )
     return BuiltCase(

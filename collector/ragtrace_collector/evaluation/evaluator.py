@@ -59,7 +59,10 @@ When the session store fails (Redis down, hung or refusing), the case metrics ru
 are written as usual; each conversation metric gets ``.error = "session store
 unavailable"`` with the store's error as its reason.  After the store recovers, a
 window that lacks turns (evaluated during the outage, or never arrived) is still
-scored, and its reason says which turns are missing ("turns 3–4 missing").
+scored, and its reason says which turns are missing ("turns 3–4 missing").  Only turns
+the app indexed (``ragtrace.turn.index``) can be named missing: turns without an index
+are numbered by the session store (1, 2, 3, ... by start), which knows no turn before
+it arrives; each window result carries its turn's number in ``details["turn"]``.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ragtrace import semconv
 from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
@@ -244,6 +247,11 @@ class OnlineEvaluator(Component):
         # number on a span that has none yet, so that the workers encode them.
         order = sorted(m.name for m in (*self.case_metrics, *self.conversation_metrics))
         self._positions = {name: i for i, name in enumerate(order)}
+
+    @property
+    def status_detail(self) -> str | None:
+        """The reference-id overlap warning (cases.id_overlap_window), if any."""
+        return self._case_rules.document_ids.warning()
 
     # ------------------------------------------------------------ lifecycle
     def use_ledger(self, ledger: OutputLedger) -> None:
@@ -706,9 +714,7 @@ class OnlineEvaluator(Component):
             for cmetric in conversation_metrics:
                 if view is None:
                     outcome.results.append(
-                        self._skipped(
-                            cmetric, "not part of a session (no session.id and turn index)"
-                        )
+                        self._skipped(cmetric, "not part of a session (no session id)")
                     )
                     continue
                 # Chained now, in arrival order (no await since the turn was stored).
@@ -799,7 +805,7 @@ class OnlineEvaluator(Component):
         self,
         metric: ConversationMetric,
         built: BuiltCase,
-        view: tuple[Conversation, frozenset[int]],
+        view: _TurnView,
         previous: asyncio.Future[None] | None,
         outcome: _CaseOutcome,
     ) -> list[MetricResult]:
@@ -820,12 +826,11 @@ class OnlineEvaluator(Component):
             metric.measure_window(conv, -1, self.judge), self.config.metric_timeout
         )
 
-    async def _conversation_for(
-        self, built: BuiltCase
-    ) -> tuple[Conversation, frozenset[int]] | None:
+    async def _conversation_for(self, built: BuiltCase) -> _TurnView | None:
         """Append this turn to its session and return the conversation up to it, with
-        the turn indices it holds.  Raises :class:`SessionStoreError`."""
-        if built.session_id is None or built.turn_index is None:
+        the turn numbers it holds.  A turn without ``ragtrace.turn.index`` is numbered by
+        the session store (1, 2, 3, ... by start).  Raises :class:`SessionStoreError`."""
+        if built.session_id is None:
             return None
         case = built.case
         turn = SessionTurn(
@@ -843,11 +848,14 @@ class OnlineEvaluator(Component):
         )
         async with self._session_lock(built.session_id):
             kept = await self.sessions.append_turn(built.session_id, turn)
+        number = built.turn_index
+        if number is None:  # numbered by the store; absent: older than every kept turn
+            number = next((t.turn_index for t in kept if t.span_id == built.span_id), None)
         turns: list[Turn] = []
         outcome = built.expected_outcome
         present: set[int] = set()
         for stored in kept:
-            if stored.turn_index > built.turn_index:
+            if stored.turn_index is None or number is None or stored.turn_index > number:
                 continue  # a later turn arrived first: this turn's window ends here
             present.add(stored.turn_index)
             turns.append(Turn(role="user", content=stored.user_content or ""))
@@ -863,7 +871,7 @@ class OnlineEvaluator(Component):
             )
             outcome = outcome or stored.expected_outcome
         conversation = Conversation(turns=turns, expected_outcome=outcome, case_id=built.session_id)
-        return conversation, frozenset(present)
+        return _TurnView(conversation, frozenset(present), number)
 
     def _session_lock(self, session_id: str) -> asyncio.Lock:
         lock = self._session_locks.get(session_id)
@@ -887,15 +895,14 @@ class OnlineEvaluator(Component):
         self,
         metric: ConversationMetric,
         built: BuiltCase,
-        view: tuple[Conversation, frozenset[int]],
+        view: _TurnView,
         previous: asyncio.Future[None] | None,
     ) -> tuple[MetricResult, dict[str, Any]]:
         """Score this turn's window, then (after the session's previous turn did the
         same) add it to the running sums: the conversation score written on turn k is
         the mean over the windows up to k, whatever order the windows finish in."""
         assert built.session_id is not None
-        assert built.turn_index is not None
-        conv, present = view
+        conv, present, number = view
         try:
             result = await self._measure_window(metric, conv)
         except TimeoutError:
@@ -905,8 +912,13 @@ class OnlineEvaluator(Component):
             # Bounded: the previous turn's task is itself bounded by the timeouts, and
             # its step is released however it ends.
             await asyncio.wait([previous])
-        first = max(0, built.turn_index - metric.options.window_size + 1)
-        missing = [i for i in range(first, built.turn_index) if i not in present]
+        missing: list[int] = []
+        if built.turn_index is not None:  # the app's indices: a gap is a turn not seen yet
+            first = max(0, built.turn_index - metric.options.window_size + 1)
+            missing = [i for i in range(first, built.turn_index) if i not in present]
+        # (numbered by the store, the turns so far have no gaps: nothing to name)
+        if number is not None and result.error is None:
+            result = result.model_copy(update={"details": {**result.details, "turn": number}})
         if missing and result.error is None:
             note = f"{_describe_turns(missing)} missing from the window"
             result = result.model_copy(
@@ -920,8 +932,10 @@ class OnlineEvaluator(Component):
             if result.error is not None or window_score is None:
                 sums = await self.sessions.get_window_scores(built.session_id, metric.name)
             else:
+                # The store's numbers move when a late turn arrives: key by span then.
+                key = built.turn_index if built.turn_index is not None else built.span_id
                 sums = await self.sessions.add_window_score(
-                    built.session_id, metric.name, float(window_score), turn_index=built.turn_index
+                    built.session_id, metric.name, float(window_score), turn_index=key
                 )
         except SessionStoreError as exc:
             return _store_unavailable(metric.name, exc), {}
@@ -932,6 +946,15 @@ class OnlineEvaluator(Component):
         if metric.options.strict and running < 1.0:
             running = 0.0  # as the offline conversation result: strict applies to the mean
         return result, {semconv.EVAL_FIELD_CONVERSATION_SCORE: running}
+
+
+class _TurnView(NamedTuple):
+    """A turn's conversation so far: its turns up to this one, their numbers, and this
+    turn's number (None: the store dropped it, older than every kept turn)."""
+
+    conversation: Conversation
+    present: frozenset[int]
+    number: int | None
 
 
 def _store_unavailable(metric: str, exc: SessionStoreError) -> MetricResult:

@@ -515,6 +515,7 @@ def _pack_payload(kind: ItemKind, payload: RAGCase | Conversation) -> Any:
         payload.reference_context_ids,
         payload.retrieved_context_ids,
         payload.case_id,
+        payload.retrieved_ids_mismatch,
     )
 
 
@@ -543,6 +544,7 @@ def _unpack_case(packed: _Packed) -> RAGCase:
         reference_context_ids=packed[5],
         retrieved_context_ids=packed[6],
         case_id=packed[7],
+        retrieved_ids_mismatch=packed[8],
     )
 
 

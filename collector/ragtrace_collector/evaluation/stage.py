@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EvaluationStage", "build_stage"]
 
+_ID_METRICS = frozenset({"id_context_recall", "id_context_precision"})
+
 
 class JudgeStatus(Component):
     """The ``judge`` component, fed by the judge's ``on_call`` hook: an answered call
@@ -214,6 +216,10 @@ def build_stage(
             supervisor=supervisor,
             on_judge_call=on_call,
         )
+    # The reference-id overlap watch only matters when ids are scored.
+    case_rules = CaseRules(config.cases, watch_ids=any(m.name in _ID_METRICS for m in metrics))
+    if case_rules.document_ids.watch is not None:
+        case_rules.document_ids.watch.bind(telemetry.reference_id_overlap)
     evaluator = OnlineEvaluator(
         config.evaluation,
         metrics=metrics,
@@ -224,7 +230,7 @@ def build_stage(
         telemetry=telemetry,
         reference_lookup=reference_store.lookup if reference_store is not None else None,
         listeners=listeners,
-        case_rules=CaseRules(config.cases),
+        case_rules=case_rules,
         pool=pool,
         supervisor=supervisor,
         segments=segments,

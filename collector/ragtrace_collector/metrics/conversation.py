@@ -183,9 +183,14 @@ class _TurnMetric(MetricBase):
             return self.result(Outcome.skip(missing), run)
         units = split_units(conv.turns)
         index = unit_index + len(units) if unit_index < 0 else unit_index
+        if not units:
+            return self.result(Outcome.skip(_NO_UNITS + " yet"), run)
         if not 0 <= index < len(units):
             return self.result(
-                Outcome.skip(f"no complete unit {unit_index} (the conversation has {len(units)})"),
+                Outcome.skip(
+                    f"no complete unit {unit_index} (the conversation has {len(units)}, "
+                    f"0 to {len(units) - 1})"
+                ),
                 run,
             )
         window = window_at(units, index, self.options.window_size)

@@ -6,7 +6,9 @@ Ids compare as ``str(id)`` in sets (duplicates collapse, ``1`` equals ``"1"``).
 * recall    = |ref ∩ ret| / |ref|
 * precision = |ret ∩ ref| / |ret|
 
-An empty denominator, or an empty reference id list, is *skipped*.
+An empty denominator, or an empty reference id list, is *skipped*; so is a case whose
+retrieved ids the collector found to be of another kind than the reference ids
+(``RAGCase.retrieved_ids_mismatch``: framework-generated UUIDs against document names).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class _IDMetric(JudgeFreeMetric):
             return "reference_context_ids is empty"
         if case.retrieved_ids() is None:
             return "no retrieved document ids captured"
+        if case.retrieved_ids_mismatch:
+            return case.retrieved_ids_mismatch
         return None
 
     #: precision: the share of the distinct retrieved ids; recall: of the reference ids.
@@ -42,7 +46,12 @@ class _IDMetric(JudgeFreeMetric):
             ret = case.retrieved_context_ids
             if ret is None:
                 ret = case.retrieved_ids()
-            if not ref or ret is None or (over_retrieved and not ret):
+            if (
+                not ref
+                or ret is None
+                or (over_retrieved and not ret)
+                or case.retrieved_ids_mismatch
+            ):
                 append(None)  # missing_inputs() gives a reason
                 continue
             base, other = (set(ret), ref) if over_retrieved else (set(ref), ret)

@@ -59,8 +59,8 @@ EXIT_CODES = {
     "rows were evaluated) or some results are errors (e.g. judge failures)",
     EXIT_USAGE: "nothing was evaluated: bad path, empty file, unsupported format, unknown "
     "metric, invalid option, bad judge or config file",
-    EXIT_GATE: "the quality gate failed (--fail-under, --fail-on-case-failure); 1 wins "
-    "when rows were bad too",
+    EXIT_GATE: "the quality gate failed (--fail-under, --fail-on-case-failure), or a "
+    "metric it gates scored no row (unless --allow-unscored); 1 wins when rows were bad too",
     EXIT_INTERRUPTED: "interrupted",
 }
 
@@ -199,7 +199,12 @@ def _gate(args: argparse.Namespace) -> QualityGate:
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
     _check_metric_names(list(per_metric), "--fail-under")
-    return QualityGate(overall, per_metric, bool(args.fail_on_case_failure))
+    return QualityGate(
+        overall,
+        per_metric,
+        bool(args.fail_on_case_failure),
+        allow_unscored=bool(args.allow_unscored),
+    )
 
 
 def _output_rows(report: EvalReport) -> list[dict[str, Any]]:

@@ -2,15 +2,19 @@
 
 * ``fail_under``: every metric's mean must reach this value;
 * ``per_metric``: ``{metric: value}``, the mean of that metric must reach it (over
-  ``fail_under`` for that metric); a gated metric with no scored result fails;
+  ``fail_under`` for that metric);
 * ``fail_on_case_failure``: every scored result must pass its metric's own threshold.
 
 Means are over scored results only (skips and errors do not count, see
-:func:`ragtrace_collector.offline.runner.summarise`).
+:func:`ragtrace_collector.offline.runner.summarise`).  So a gated metric (named in
+``per_metric``, or any metric under ``fail_under``) that scored no row at all fails the
+gate, with its most common skip reason: a gate never passes on no data.
+``allow_unscored`` lets such a metric pass (it then gates nothing).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -58,6 +62,8 @@ class QualityGate:
     fail_under: float | None = None
     per_metric: Mapping[str, float] = field(default_factory=dict)
     fail_on_case_failure: bool = False
+    #: A gated metric that scored no row passes (instead of failing the gate).
+    allow_unscored: bool = False
 
     @property
     def active(self) -> bool:
@@ -66,15 +72,17 @@ class QualityGate:
     def check(self, report: EvalReport) -> list[str]:
         """Why the report fails the gate, one line per reason; empty when it passes."""
         failures: list[str] = []
-        for name in report.metrics:
-            floor = self.per_metric.get(name, self.fail_under)
-            mean = report.summary[name].mean
-            if floor is not None and mean is not None and mean < floor:
-                failures.append(f"{name}: mean {mean:.4f} is under {floor:g}")
-        for name, floor in self.per_metric.items():
+        gated = {name: self.fail_under for name in report.metrics} | dict(self.per_metric)
+        for name, floor in gated.items():
+            if floor is None:
+                continue
             summary = report.summary.get(name)
-            if summary is None or summary.mean is None:
-                failures.append(f"{name}: no scored result to compare with {floor:g}")
+            mean = summary.mean if summary is not None else None
+            if mean is None:
+                if not self.allow_unscored:
+                    failures.append(_unscored(name, floor, report))
+            elif mean < floor:
+                failures.append(f"{name}: mean {mean:.4f} is under {floor:g}")
         if self.fail_on_case_failure:
             for name in report.metrics:
                 failed = report.summary[name].failed
@@ -89,3 +97,27 @@ class QualityGate:
                         f"{name}: {failed} case(s) under the metric's threshold ({shown})"
                     )
         return failures
+
+
+def _unscored(name: str, floor: float, report: EvalReport) -> str:
+    """The failure line of a gated metric without a single scored row."""
+    summary = report.summary.get(name)
+    if summary is None or not summary.count:
+        return f"{name}: no scored rows to compare with {floor:g} (the metric did not run)"
+    reasons = Counter(
+        r.reason or "no reason given"
+        for item in report.items
+        if (r := item.result(name)) is not None and r.error is None
+    )
+    errors = Counter(
+        r.error for item in report.items if (r := item.result(name)) is not None and r.error
+    )
+    parts = [f"{summary.skipped} skipped", f"{summary.errors} error(s)"]
+    line = f"{name}: no scored rows to compare with {floor:g} ({', '.join(parts)})"
+    if reasons:
+        reason, count = reasons.most_common(1)[0]
+        line += f"; most common skip reason ({count}x): {reason}"
+    elif errors:
+        error, count = errors.most_common(1)[0]
+        line += f"; most common error ({count}x): {error}"
+    return line

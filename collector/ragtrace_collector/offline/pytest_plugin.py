@@ -94,14 +94,16 @@ class RagtraceEval:
         per_metric: Mapping[str, float] | None = None,
         fail_on_case_failure: bool = False,
         threshold: float | None = None,
+        allow_unscored: bool = False,
     ) -> EvalReport:
         """Evaluate a dataset file and apply the quality gate of ``eval --fail-under``;
-        bad rows and error results fail as well."""
+        bad rows and error results fail as well, and so does a gated metric that scored
+        no row (unless ``allow_unscored``, as ``eval --allow-unscored``)."""
         from ragtrace_collector.offline.gate import QualityGate
         from ragtrace_collector.offline.runner import evaluate_file
 
         report = evaluate_file(path, metrics, self.model, threshold=threshold)
-        gate = QualityGate(fail_under, dict(per_metric or {}), fail_on_case_failure)
+        gate = QualityGate(fail_under, dict(per_metric or {}), fail_on_case_failure, allow_unscored)
         problems = [f"bad row: {e}" for e in report.row_errors]
         problems += [f"{n}: {s.errors} error result(s)" for n, s in report.summary.items()
                      if s.errors]  # fmt: skip

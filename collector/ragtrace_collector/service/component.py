@@ -123,6 +123,12 @@ class Component:
         if current is None or current.status is not Status.OK:
             self.report(Status.OK)
 
+    @property
+    def status_detail(self) -> str | None:
+        """A warning for operators that is not an error (health is unaffected), shown
+        as ``detail`` next to the status on ``/healthz``; None: nothing to say."""
+        return None
+
 
 def _error_text(error: str | BaseException | None) -> str | None:
     if error is None:
@@ -204,6 +210,9 @@ class ComponentHost:
         for name, component in sorted(self._components.items()):
             body = component.status_event.as_dict(at)
             body["last_error"] = component.last_error
+            detail = component.status_detail
+            if detail is not None:
+                body["detail"] = detail
             out[name] = body
         return out
 

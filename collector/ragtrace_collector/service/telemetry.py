@@ -128,6 +128,14 @@ class Telemetry:
             ["reason"],
             registry=r,
         )
+        self.reference_id_overlap = Gauge(
+            "ragtrace_reference_id_overlap",
+            "Share of a service's last cases with reference ids (cases.id_overlap_window) "
+            "that retrieved at least one reference id; 0 means the retrieved ids and the "
+            "reference ids never met: ids of different kinds, or a failing retriever.",
+            ["service"],
+            registry=r,
+        )
         self.eval_timeouts = Counter(
             "ragtrace_eval_timeouts", "Metric evaluations that timed out.", ["metric"], registry=r
         )

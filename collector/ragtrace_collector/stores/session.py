@@ -20,6 +20,18 @@ the highest indices; a late turn older than all of those is dropped at once.  Th
 default ``max_turns`` is twice the metric window (``window_size`` units), which
 leaves room for turns that a window merges into one unit (an unanswered user turn).
 
+**Turns without an index** (``turn_index=None``: the app recorded no
+``ragtrace.turn.index``, as with OpenInference ``using_session`` or GenAI
+``gen_ai.conversation.id``) are numbered by the store: 1, 2, 3, ... in the order of
+their start (``timestamp``; trace id, then span id break ties), counting the turns
+that ``max_turns`` already evicted from the session.  The store is the source of
+truth: every replica that appends to a session sees the same numbers, and a turn that
+arrives late takes its place by start time (the turns after it move up by one).  A
+retried turn (same span id) replaces itself.  These turns are kept apart from the
+indexed ones (``<prefix><session>:timeline`` in Redis); :meth:`SessionStore.append_turn`
+returns the turns of the same kind, numbered, and :meth:`SessionStore.get_turns` the
+indexed turns followed by the numbered ones.
+
 **Running means.**  :meth:`SessionStore.add_window_score` adds a window score to the
 session's per-metric running sum and count, atomically, and returns both; their
 quotient is the running conversation mean.  Pass ``turn_index`` to make it
@@ -39,6 +51,7 @@ conversation metrics only.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -105,7 +118,8 @@ class SessionTurn(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    turn_index: int
+    #: The app's turn index; None: the store numbers the turn (1, 2, 3, ... by start).
+    turn_index: int | None
     trace_id: str
     span_id: str
     user_content: str | None = None
@@ -166,20 +180,23 @@ class SessionStore(Protocol):
     def max_turns(self) -> int: ...
 
     async def append_turn(self, session_id: str, turn: SessionTurn) -> list[SessionTurn]:
-        """Store ``turn``; return the session's kept turns, ordered by turn index."""
+        """Store ``turn``; return the session's kept turns of its kind, ordered by turn
+        index (a turn without an index: the numbered turns without one, numbered)."""
         ...
 
     async def get_turns(self, session_id: str) -> list[SessionTurn]:
-        """The session's kept turns, ordered by turn index (empty if unknown/expired)."""
+        """The session's kept turns, ordered by turn index, the numbered ones last
+        (empty if unknown/expired)."""
         ...
 
     async def add_window_score(
-        self, session_id: str, metric: str, score: float, *, turn_index: int | None = None
+        self, session_id: str, metric: str, score: float, *, turn_index: int | str | None = None
     ) -> tuple[float, int]:
         """Add a window score; return the new running ``(sum, count)`` for ``metric``.
 
-        With ``turn_index``, a later score for the same turn replaces the earlier one
-        instead of adding to the count.
+        With ``turn_index`` (a turn's index, or any stable key of the turn such as its
+        span id for a turn the store numbers), a later score for the same turn replaces
+        the earlier one instead of adding to the count.
         """
         ...
 
@@ -220,7 +237,7 @@ def _check_score(score: float) -> float:
 class _Sums:
     total: float = 0.0
     count: int = 0
-    by_turn: dict[int, float] = field(default_factory=dict)
+    by_turn: dict[int | str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -228,6 +245,20 @@ class _Session:
     touched: float
     turns: dict[int, SessionTurn] = field(default_factory=dict)
     sums: dict[str, _Sums] = field(default_factory=dict)
+    #: Turns without an index, by span id, and how many of them ``max_turns`` evicted.
+    timeline: dict[str, SessionTurn] = field(default_factory=dict)
+    evicted: int = 0
+
+
+def _start_order(turn: SessionTurn) -> tuple[float, str, str]:
+    """The order of turns without an index: start time, then trace id and span id (the
+    order of their Redis members, whose JSON begins with those fields, at equal start)."""
+    return turn.timestamp, turn.trace_id, turn.span_id
+
+
+def _numbered(turns: Sequence[SessionTurn], evicted: int) -> list[SessionTurn]:
+    """Turns without an index, in start order, numbered from ``evicted + 1``."""
+    return [t.model_copy(update={"turn_index": evicted + i}) for i, t in enumerate(turns, 1)]
 
 
 class MemorySessionStore(Component):
@@ -287,6 +318,8 @@ class MemorySessionStore(Component):
 
     async def append_turn(self, session_id: str, turn: SessionTurn) -> list[SessionTurn]:
         session = self._for_write(session_id)
+        if turn.turn_index is None:
+            return self._append_unindexed(session, turn)
         turns = session.turns
         turns[turn.turn_index] = turn
         if len(turns) > self._max_turns:
@@ -294,14 +327,29 @@ class MemorySessionStore(Component):
                 del turns[index]
         return [turns[i] for i in sorted(turns)]
 
+    def _append_unindexed(self, session: _Session, turn: SessionTurn) -> list[SessionTurn]:
+        timeline = session.timeline
+        timeline[turn.span_id] = turn
+        ordered = sorted(timeline.values(), key=_start_order)
+        over = len(ordered) - self._max_turns
+        if over > 0:
+            for old in ordered[:over]:
+                del timeline[old.span_id]
+            session.evicted += over
+            ordered = ordered[over:]
+        return _numbered(ordered, session.evicted)
+
     async def get_turns(self, session_id: str) -> list[SessionTurn]:
         session = self._live(session_id, self._clock())
         if session is None:
             return []
-        return [session.turns[i] for i in sorted(session.turns)]
+        timeline = sorted(session.timeline.values(), key=_start_order)
+        return [session.turns[i] for i in sorted(session.turns)] + _numbered(
+            timeline, session.evicted
+        )
 
     async def add_window_score(
-        self, session_id: str, metric: str, score: float, *, turn_index: int | None = None
+        self, session_id: str, metric: str, score: float, *, turn_index: int | str | None = None
     ) -> tuple[float, int]:
         score = _check_score(score)
         session = self._for_write(session_id)
@@ -331,7 +379,8 @@ class MemorySessionStore(Component):
 
 # --------------------------------------------------------------------- redis
 
-# KEYS[1] scores hash, KEYS[2] turns zset; ARGV: sum field, count field, turn field,
+# KEYS[1] scores hash, KEYS[2] turns zset, KEYS[3] timeline zset; ARGV: sum field,
+# count field, turn field,
 # score, ttl ms.  Replaces the turn's previous score when there is one.
 _ADD_SCORE_FOR_TURN: Final = """
 local old = redis.call('HGET', KEYS[1], ARGV[3])
@@ -343,9 +392,27 @@ else
   redis.call('HINCRBY', KEYS[1], ARGV[2], 1)
 end
 redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
+for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
 return {total, redis.call('HGET', KEYS[1], ARGV[2])}
+"""
+
+
+# KEYS[1] timeline zset, KEYS[2] scores hash (field "evicted"), KEYS[3] turns zset;
+# ARGV: member, start (score), '"span_id":"<id>"', max_turns, ttl ms.  A turn without an
+# index: replaces an earlier copy of itself (same start, same span id), keeps the
+# max_turns latest and counts the evicted; returns {evicted, members in start order}.
+_APPEND_UNINDEXED: Final = """
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[2], ARGV[2])) do
+  if string.find(m, ARGV[3], 1, true) then redis.call('ZREM', KEYS[1], m) end
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[4])
+if over > 0 then
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, over - 1)
+  redis.call('HINCRBY', KEYS[2], 'evicted', over)
+end
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+return {redis.call('HGET', KEYS[2], 'evicted') or '0', redis.call('ZRANGE', KEYS[1], 0, -1)}
 """
 
 
@@ -381,6 +448,7 @@ class RedisSessionStore(Component):
             )
         )
         self._add_for_turn = self._redis.register_script(_ADD_SCORE_FOR_TURN)
+        self._append_unindexed = self._redis.register_script(_APPEND_UNINDEXED)
         self.report(Status.OK)
 
     @property
@@ -390,6 +458,9 @@ class RedisSessionStore(Component):
     def _keys(self, session_id: str) -> tuple[str, str]:
         base = f"{self._prefix}{session_id}"
         return f"{base}:turns", f"{base}:scores"
+
+    def _timeline_key(self, session_id: str) -> str:
+        return f"{self._prefix}{session_id}:timeline"
 
     def _error(self, action: str, exc: BaseException) -> SessionStoreError:
         if isinstance(exc, TimeoutError):
@@ -424,6 +495,8 @@ class RedisSessionStore(Component):
     async def append_turn(self, session_id: str, turn: SessionTurn) -> list[SessionTurn]:
         turns_key, scores_key = self._keys(session_id)
         index = turn.turn_index
+        if index is None:
+            return await self._append_turn_unindexed(session_id, turn)
 
         async def run() -> list[Any]:
             async with self._redis.pipeline(transaction=True) as pipe:
@@ -432,31 +505,67 @@ class RedisSessionStore(Component):
                 pipe.zremrangebyrank(turns_key, 0, -(self._max_turns + 1))
                 pipe.pexpire(turns_key, self._ttl_ms)
                 pipe.pexpire(scores_key, self._ttl_ms)
+                pipe.pexpire(self._timeline_key(session_id), self._ttl_ms)
                 pipe.zrange(turns_key, 0, -1)
                 results: list[Any] = await pipe.execute()
             return _members(results[-1])
 
         return self._decode(await self._call("append_turn", run))
 
+    async def _append_turn_unindexed(self, session_id: str, turn: SessionTurn) -> list[SessionTurn]:
+        turns_key, scores_key = self._keys(session_id)
+        # As in the member's compact JSON: the script finds an earlier copy of this turn.
+        marker = '"span_id":' + json.dumps(turn.span_id, ensure_ascii=False)
+
+        async def run() -> tuple[int, list[Any]]:
+            evicted, members = await self._append_unindexed(
+                keys=[self._timeline_key(session_id), scores_key, turns_key],
+                args=[
+                    turn.model_dump_json(),
+                    repr(turn.timestamp),
+                    marker,
+                    self._max_turns,
+                    self._ttl_ms,
+                ],
+            )
+            count = int(evicted)
+            if count < 0:
+                raise ValueError(f"unreadable evicted-turn count from Redis: {evicted!r}")
+            return count, _members(members)
+
+        evicted, members = await self._call("append_turn", run)
+        return _numbered(self._decode(members), evicted)
+
     async def get_turns(self, session_id: str) -> list[SessionTurn]:
-        turns_key, _ = self._keys(session_id)
+        turns_key, scores_key = self._keys(session_id)
+        timeline_key = self._timeline_key(session_id)
 
-        async def run() -> list[Any]:
-            return _members(await self._redis.zrange(turns_key, 0, -1))
+        async def run() -> tuple[list[Any], list[Any], int]:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.zrange(turns_key, 0, -1)
+                pipe.zrange(timeline_key, 0, -1)
+                pipe.hget(scores_key, "evicted")
+                indexed, timeline, evicted = await pipe.execute()
+            count = int(evicted or 0)
+            if count < 0:
+                raise ValueError(f"unreadable evicted-turn count from Redis: {evicted!r}")
+            return _members(indexed), _members(timeline), count
 
-        return self._decode(await self._call("get_turns", run))
+        indexed, timeline, evicted = await self._call("get_turns", run)
+        return self._decode(indexed) + _numbered(self._decode(timeline), evicted)
 
     async def add_window_score(
-        self, session_id: str, metric: str, score: float, *, turn_index: int | None = None
+        self, session_id: str, metric: str, score: float, *, turn_index: int | str | None = None
     ) -> tuple[float, int]:
         score = _check_score(score)
         turns_key, scores_key = self._keys(session_id)
+        timeline_key = self._timeline_key(session_id)
         sum_field, count_field = f"s:{metric}", f"n:{metric}"
 
         async def run() -> tuple[float, int]:
             if turn_index is not None:
                 total, count = await self._add_for_turn(
-                    keys=[scores_key, turns_key],
+                    keys=[scores_key, turns_key, timeline_key],
                     args=[
                         sum_field,
                         count_field,
@@ -471,7 +580,8 @@ class RedisSessionStore(Component):
                     pipe.hincrby(scores_key, count_field, 1)
                     pipe.pexpire(scores_key, self._ttl_ms)
                     pipe.pexpire(turns_key, self._ttl_ms)
-                    total, count, _, _ = await pipe.execute()
+                    pipe.pexpire(timeline_key, self._ttl_ms)
+                    total, count, _, _, _ = await pipe.execute()
             return _finite_sums(total, count)
 
         return await self._call("add_window_score", run)
@@ -488,7 +598,8 @@ class RedisSessionStore(Component):
         return await self._call("get_window_scores", run)
 
     async def delete_session(self, session_id: str) -> None:
-        await self._call("delete_session", lambda: self._redis.delete(*self._keys(session_id)))
+        keys = (*self._keys(session_id), self._timeline_key(session_id))
+        await self._call("delete_session", lambda: self._redis.delete(*keys))
 
     async def aclose(self) -> None:
         await self._redis.aclose()

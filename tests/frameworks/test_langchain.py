@@ -1,0 +1,190 @@
+"""Supported matrix: LangChain (an LCEL RunnableSequence: retriever -> prompt ->
+FakeListLLM) with the OpenInference and the OpenLLMetry instrumentors, exported to a
+real collector with no config; single requests and three-turn conversations.
+
+The retriever ranks with the corpus's keyword rule (:func:`_matrix.rank`): top 2 of
+"What is the capital of France?" is kb_paris, kb_berlin, so with the user's ids
+id_context_recall = 1/1 = 1.0 and id_context_precision = 1/2 = 0.5.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragtrace import semconv
+from tests.e2e.test_instrumentors import (  # the instrumentor fixtures, with their clean-ups
+    openinference_langchain,
+    openllmetry_langchain,
+)
+from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
+from tests.frameworks._matrix import (
+    KB,
+    QUESTIONS,
+    TOP_2,
+    TURN_METRICS,
+    Retrieved,
+    assert_conversation_scored,
+    assert_ids_scored,
+    assert_ids_skipped,
+    assert_text_metrics_scored,
+    matrix_collector,
+    provider,
+    rank,
+    scored,
+    tops,
+    wait_scored,
+)
+from tests.frameworks.conftest import answer_for
+
+__all__ = ["openinference_langchain", "openllmetry_langchain"]
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+QUESTION = QUESTIONS[0]
+
+
+def _chain(ids_in_metadata: bool) -> tuple[Any, dict[str, list[Any]]]:
+    """The app: each Document has its ``id`` (and, if asked, the same id in its
+    metadata); returns the chain and the documents it retrieved per question."""
+    from langchain_core.callbacks import CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.language_models.fake import FakeListLLM
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import PromptTemplate
+    from langchain_core.retrievers import BaseRetriever
+    from langchain_core.runnables import RunnablePassthrough
+
+    documents = {
+        i: Document(
+            id=i,
+            page_content=t,
+            metadata={"source": "kb", **({"id": i} if ids_in_metadata else {})},
+        )
+        for i, t in KB.items()
+    }
+    seen: dict[str, list[Any]] = {}
+
+    class KeywordRetriever(BaseRetriever):
+        def _get_relevant_documents(
+            self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+        ) -> list[Document]:
+            seen[query] = [documents[i] for i in rank(query)]
+            return seen[query]
+
+    chain = (
+        {
+            "context": KeywordRetriever() | (lambda docs: "\n".join(d.page_content for d in docs)),
+            "question": RunnablePassthrough(),
+        }
+        | PromptTemplate.from_template("Context:\n{context}\n\nQuestion: {question}")
+        | FakeListLLM(responses=[answer_for(q) for q in QUESTIONS])
+        | StrOutputParser()
+    )
+    return chain, seen
+
+
+def _ask(chain: Any, seen: dict[str, list[Any]], question: str, **config: Any) -> Retrieved:
+    answer = chain.invoke(question, config=config or None)
+    docs = seen[question]
+    assert [d.id for d in docs] == TOP_2[question]  # the hand-computed ranking
+    return Retrieved([d.id for d in docs], [d.page_content for d in docs], answer)
+
+
+def _single(
+    sink: OtlpSink, tmp_path: Path, instrumentor: Any, service: str, ids_in_metadata: bool
+) -> tuple[ReceivedSpan, Retrieved]:
+    with matrix_collector(sink, tmp_path) as serve:
+        tp = provider(serve, service)
+        instrumentor.instrument(tracer_provider=tp)
+        chain, seen = _chain(ids_in_metadata)
+        got = _ask(chain, seen, QUESTION)
+        tp.shutdown()
+        spans = wait_scored(sink, 1)
+    roots = tops(spans)
+    assert len(roots) == 1
+    assert scored(spans) == roots
+    return roots[0], got
+
+
+# ------------------------------------------------------------------ single requests
+def test_openinference(sink: OtlpSink, tmp_path: Path, openinference_langchain: Any) -> None:
+    """No document.id recorded; the ids come from the retriever's output.value."""
+    root, got = _single(sink, tmp_path, openinference_langchain, "lc-oi", ids_in_metadata=False)
+    assert root.span.name == "RunnableSequence"
+    assert root.attributes[semconv.OPENINFERENCE_SPAN_KIND] == "CHAIN"
+    assert_ids_scored(root)
+    assert_text_metrics_scored(root, QUESTION, got)
+
+
+def test_openllmetry_ids_in_metadata(
+    sink: OtlpSink, tmp_path: Path, openllmetry_langchain: Any
+) -> None:
+    root, got = _single(sink, tmp_path, openllmetry_langchain, "lc-tl-meta", ids_in_metadata=True)
+    assert root.attributes[semconv.TRACELOOP_SPAN_KIND] == "workflow"
+    assert_ids_scored(root)
+    assert_text_metrics_scored(root, QUESTION, got)
+
+
+def test_openllmetry_drops_document_ids(
+    sink: OtlpSink, tmp_path: Path, openllmetry_langchain: Any
+) -> None:
+    """OpenLLMetry's LangChain instrumentation writes each Document without its ``id``:
+    with the id only there, nothing is left to compare, so the id metrics are skipped
+    (never 0) and the text metrics still score."""
+    root, got = _single(sink, tmp_path, openllmetry_langchain, "lc-tl-noid", ids_in_metadata=False)
+    assert root.attributes[semconv.TRACELOOP_SPAN_KIND] == "workflow"
+    assert_ids_skipped(root, "no retrieved document ids")
+    assert_text_metrics_scored(root, QUESTION, got)
+
+
+# ------------------------------------------------------------------ conversations
+def _conversation(
+    sink: OtlpSink, tmp_path: Path, instrumentor: Any, service: str, **per_turn: Any
+) -> tuple[list[ReceivedSpan], list[tuple[str, Retrieved]]]:
+    """Three questions of one conversation, each answered before the next is asked."""
+    turns: list[tuple[str, Retrieved]] = []
+    metrics: dict[str, dict[str, Any]] = {name: {} for name in TURN_METRICS}
+    metrics["id_context_recall"] = {}
+    with matrix_collector(sink, tmp_path, metrics) as serve:
+        tp = provider(serve, service)
+        instrumentor.instrument(tracer_provider=tp)
+        chain, seen = _chain(ids_in_metadata=True)
+        for n, question in enumerate(QUESTIONS, 1):
+            turns.append((question, _ask(chain, seen, question, **per_turn)))
+            tp.force_flush()
+            wait_scored(sink, n)  # a user waits for each answer
+        tp.shutdown()
+        spans = sink.spans
+    roots = tops(spans)
+    assert len(roots) == len(QUESTIONS)
+    return roots, turns
+
+
+def test_openinference_conversation(
+    sink: OtlpSink, tmp_path: Path, openinference_langchain: Any
+) -> None:
+    """``using_session``: every span carries ``session.id``, no turn index."""
+    from openinference.instrumentation import using_session
+
+    session = f"sess-{uuid.uuid4().hex[:8]}"
+    with using_session(session):
+        roots, turns = _conversation(sink, tmp_path, openinference_langchain, "lc-oi-chat")
+    assert [r.attributes[semconv.SESSION_ID] for r in roots] == [session] * 3
+    assert_conversation_scored(roots, turns)
+
+
+def test_openllmetry_conversation(
+    sink: OtlpSink, tmp_path: Path, openllmetry_langchain: Any
+) -> None:
+    """The session id as LangChain run metadata, which OpenLLMetry writes as
+    ``traceloop.association.properties.session_id`` on every span."""
+    session = f"sess-{uuid.uuid4().hex[:8]}"
+    roots, turns = _conversation(
+        sink, tmp_path, openllmetry_langchain, "lc-tl-chat", metadata={"session_id": session}
+    )
+    assert [r.attributes[semconv.TRACELOOP_SESSION_ID] for r in roots] == [session] * 3
+    assert_conversation_scored(roots, turns)
