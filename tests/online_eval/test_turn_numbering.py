@@ -51,7 +51,9 @@ def _evaluator(
     opts = MetricOptions(window_size=window_size)
     chosen = dict.fromkeys(_NAMES, opts)
 
-    def listen(service: str, metric: str, result: MetricResult, trace_id: str) -> None:
+    def listen(
+        service: str, metric: str, result: MetricResult, trace_id: str, segments: tuple[str, ...]
+    ) -> None:
         seen.append(result)
 
     return OnlineEvaluator(
