@@ -493,11 +493,11 @@ def test_an_append_that_hangs_becomes_a_refusal(tmp_path: Path) -> None:
     recoverable_error.  When the write completes the request is still admitted (never
     lost) and the storage is ok again."""
     ops = BlockingOps()
-    config = StorageConfig.model_validate({"directory": str(tmp_path)})
+    config = StorageConfig.model_validate({"directory": str(tmp_path), "append_timeout": "300ms"})
     admitted: list[int] = []
 
     async def run() -> None:
-        storage = Storage(config, file_ops=ops, append_timeout=0.3)
+        storage = Storage(config, file_ops=ops)
         await storage.start()
         ops.release.clear()
         future = storage.append(b"x" * 1000, tag=lambda seq: 0, admit=lambda: admitted.append(1))

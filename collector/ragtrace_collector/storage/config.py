@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragtrace_collector.units import ByteSize
+from ragtrace_collector.units import ByteSize, Duration
 
 __all__ = ["StorageConfig"]
 
@@ -29,3 +29,8 @@ class StorageConfig(BaseModel):
     #: ``never``: leave flushing to the OS (survives a process crash, not a power loss).
     #: A ``file`` exporter syncs its lines by the same policy before their entry is released.
     fsync: Literal["never", "batch", "always"] = "batch"
+    #: A request whose write has not completed within this time (a stuck disk) is
+    #: answered as refused (429 / RESOURCE_EXHAUSTED; the client retries), and storage
+    #: reports ``recoverable_error`` until the writer completes a write again.  A write
+    #: that completes later is still delivered: at worst a duplicate, never a loss.
+    append_timeout: Duration = Field(10.0, gt=0)

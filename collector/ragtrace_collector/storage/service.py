@@ -39,8 +39,8 @@
     restart needed.
 
 * **Append timeout.**  A request whose write has not completed within
-  ``append_timeout`` (10 s) is answered as refused (the client retries) instead of
-  waiting on a stuck disk.  If the write completes later, the request is still
+  ``storage.append_timeout`` (10 s by default) is answered as refused (the client
+  retries) instead of waiting on a stuck disk.  If the write completes later, the request is still
   delivered: at worst a duplicate, never a loss.
 * **Supervision.**  An unexpected exception in the writer thread is logged with its
   traceback, counted in ``ragtrace_component_failures_total{component="storage"}``, the
@@ -99,8 +99,6 @@ _CHECKPOINT_EVERY: Final = 0.5
 _HELD_BACK: Final = 2 * _CHECKPOINT_EVERY
 #: The exporter number of a "settled" mark (every exporter, every output: done).
 _SETTLED: Final = -1
-#: A request not written within this many seconds is refused (the client retries).
-APPEND_TIMEOUT: Final = 10.0
 #: After a failed write, the disk is probed this often, with at most this many bytes.
 _PROBE_EVERY: Final = 0.5
 _PROBE_MAX_BYTES: Final = 1024 * 1024
@@ -146,13 +144,12 @@ class Storage(Component):
         *,
         telemetry: Telemetry | None = None,
         file_ops: FileOps | None = None,
-        append_timeout: float = APPEND_TIMEOUT,
     ) -> None:
         if config.directory is None:
             raise ValueError("storage.directory is not set")
         self._config = config
         self._max_size = config.max_size
-        self._append_timeout = append_timeout
+        self._append_timeout = config.append_timeout
         skipped = telemetry.wal_records_skipped if telemetry is not None else None
         self._wal = WriteAheadLog(
             config.directory,
