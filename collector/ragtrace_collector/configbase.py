@@ -8,13 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from ragtrace_collector.units import parse_duration, parse_size
 
 __all__ = [
     "ByteSize",
     "Duration",
+    "ListenEndpoint",
     "StrictModel",
     "check_file",
     "check_listen_endpoint",
@@ -49,6 +50,11 @@ def split_host_port(endpoint: str) -> tuple[str, int]:
 def check_listen_endpoint(value: str) -> str:
     split_host_port(value)
     return value
+
+
+#: ``host:port`` a listener binds, checked by :func:`check_listen_endpoint` (a YAML
+#: number such as ``4317`` is read as text first, to be refused with its own message).
+ListenEndpoint = Annotated[str, BeforeValidator(str), AfterValidator(check_listen_endpoint)]
 
 
 def check_file(path: Path | None) -> Path | None:

@@ -113,11 +113,11 @@ def _spans(path: Path) -> Iterator[dict[str, Any]]:
                         yield span
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
-    output = tmp_path_factory.mktemp("demo") / "out"
+def _run_demo(tmp_path_factory: pytest.TempPathFactory, folder: str, *options: str) -> DemoRun:
+    """``demo.sh --quick --json`` with ``options``, its output in a fresh ``folder``."""
+    output = tmp_path_factory.mktemp(folder) / "out"
     proc = subprocess.run(
-        ["bash", str(DEMO), "--quick", "--json", "--output", str(output)],
+        ["bash", str(DEMO), *options, "--quick", "--json", "--output", str(output)],
         cwd=ROOT,
         env=_env(),
         capture_output=True,
@@ -126,6 +126,11 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
         check=False,
     )
     return DemoRun(proc.returncode, proc.stdout, proc.stderr, output)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    return _run_demo(tmp_path_factory, "demo")
 
 
 def test_the_demo_succeeds_and_prints_a_json_summary(demo: DemoRun) -> None:
@@ -248,17 +253,7 @@ INDEX_KEY = "app.index_version"
 
 @pytest.fixture(scope="module")
 def rollout(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
-    output = tmp_path_factory.mktemp("demo-rollout") / "out"
-    proc = subprocess.run(
-        ["bash", str(DEMO), "--rollout", "--quick", "--json", "--output", str(output)],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-        check=False,
-    )
-    return DemoRun(proc.returncode, proc.stdout, proc.stderr, output)
+    return _run_demo(tmp_path_factory, "demo-rollout", "--rollout")
 
 
 def test_the_rollout_demo_sends_part_of_the_traffic_to_the_new_index(rollout: DemoRun) -> None:

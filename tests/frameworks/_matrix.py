@@ -61,6 +61,7 @@ __all__ = [
     "assert_text_metrics_scored",
     "keyword_vector",
     "matrix_collector",
+    "only_case",
     "provider",
     "rank",
     "results",
@@ -144,6 +145,15 @@ def tops(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
     ids = {s.span.span_id for s in spans}
     found = [s for s in spans if s.span.parent_span_id not in ids]
     return sorted(found, key=lambda s: s.span.start_time_unix_nano)
+
+
+def only_case(spans: list[ReceivedSpan]) -> ReceivedSpan:
+    """The one case span of a single request: the only top span, and the only span
+    that carries results."""
+    roots = tops(spans)
+    assert len(roots) == 1
+    assert scored(spans) == roots
+    return roots[0]
 
 
 def wait_scored(sink: OtlpSink, count: int, timeout: float = 60.0) -> list[ReceivedSpan]:

@@ -30,8 +30,8 @@ from tests.frameworks._matrix import (
     assert_ids_skipped,
     assert_text_metrics_scored,
     matrix_collector,
+    only_case,
     provider,
-    scored,
     tops,
     wait_scored,
 )
@@ -124,10 +124,7 @@ def _single(
         got = _ask(pipeline, QUESTION)
         tp.shutdown()
         spans = wait_scored(sink, 1)
-    roots = tops(spans)
-    assert len(roots) == 1
-    assert scored(spans) == roots
-    root = roots[0]
+    root = only_case(spans)
     assert root.span.name == "Pipeline.run"
     assert root.attributes[semconv.OPENINFERENCE_SPAN_KIND] == "CHAIN"
     return root, got

@@ -32,9 +32,9 @@ from tests.frameworks._matrix import (
     assert_ids_skipped,
     assert_text_metrics_scored,
     matrix_collector,
+    only_case,
     provider,
     rank,
-    scored,
     tops,
     wait_scored,
 )
@@ -104,10 +104,7 @@ def _single(
         got = _ask(chain, seen, QUESTION)
         tp.shutdown()
         spans = wait_scored(sink, 1)
-    roots = tops(spans)
-    assert len(roots) == 1
-    assert scored(spans) == roots
-    return roots[0], got
+    return only_case(spans), got
 
 
 # ------------------------------------------------------------------ single requests

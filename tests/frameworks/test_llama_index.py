@@ -27,9 +27,8 @@ from tests.frameworks._matrix import (
     assert_text_metrics_scored,
     keyword_vector,
     matrix_collector,
+    only_case,
     provider,
-    scored,
-    tops,
     wait_scored,
 )
 
@@ -134,10 +133,7 @@ def _run(
         got, node_ids = _query(index)
         tp.shutdown()
         spans = wait_scored(sink, 1)
-    roots = tops(spans)
-    assert len(roots) == 1
-    assert scored(spans) == roots  # the case span only
-    return roots[0], got, node_ids
+    return only_case(spans), got, node_ids
 
 
 # ------------------------------------------------------------------ OpenInference

@@ -23,14 +23,7 @@ def make_span(
     docs: list[tuple[str | None, str | None]] | None = None,
     doc_prefix: str = semconv.RETRIEVAL_DOCUMENTS,
 ) -> trace_pb2.Span:
-    span = trace_pb2.Span(
-        trace_id=trace_id,
-        span_id=os.urandom(8),
-        parent_span_id=parent.span_id if parent is not None else b"",
-        name=kind,
-        start_time_unix_nano=start,
-        end_time_unix_nano=end,
-    )
+    span = named_span(kind, {}, tid=trace_id, parent=parent, start=start, end=end)
     values: list[tuple[str, Any]] = [(semconv.RAGTRACE_SPAN_KIND, kind)]
     values += list((attrs or {}).items())
     for i, (doc_id, content) in enumerate(docs or []):
@@ -46,7 +39,13 @@ def make_span(
 
 
 def named_span(
-    name: str, attrs: dict[str, Any], *, tid: bytes, parent: trace_pb2.Span | None = None
+    name: str,
+    attrs: dict[str, Any],
+    *,
+    tid: bytes,
+    parent: trace_pb2.Span | None = None,
+    start: int = 1_000,
+    end: int = 2_000,
 ) -> trace_pb2.Span:
     """A span of any instrumentation: a name and attributes, nothing ragtrace adds."""
     span = trace_pb2.Span(
@@ -54,8 +53,8 @@ def named_span(
         span_id=os.urandom(8),
         parent_span_id=parent.span_id if parent is not None else b"",
         name=name,
-        start_time_unix_nano=1_000,
-        end_time_unix_nano=2_000,
+        start_time_unix_nano=start,
+        end_time_unix_nano=end,
     )
     set_attributes(span.attributes, attrs.items())
     return span

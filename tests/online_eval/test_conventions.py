@@ -30,6 +30,8 @@ from ragtrace_collector.evaluation.case_builder import (
 )
 from ragtrace_collector.otlp.spanattrs import attributes_to_dict, set_attributes
 
+from ._spans import named_span
+
 TID = os.urandom(16)
 
 #: A Haystack ChatMessage as the OpenInference Haystack instrumentor records a reply.
@@ -64,15 +66,7 @@ def span(
     start: int = 1_000,
     events: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> trace_pb2.Span:
-    s = trace_pb2.Span(
-        trace_id=TID,
-        span_id=os.urandom(8),
-        parent_span_id=parent.span_id if parent is not None else b"",
-        name=name,
-        start_time_unix_nano=start,
-        end_time_unix_nano=start + 1_000,
-    )
-    set_attributes(s.attributes, attrs.items())
+    s = named_span(name, attrs, tid=TID, parent=parent, start=start, end=start + 1_000)
     for event_name, event_attrs in events or []:
         event = s.events.add(name=event_name)
         set_attributes(event.attributes, event_attrs.items())

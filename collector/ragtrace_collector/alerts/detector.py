@@ -198,15 +198,19 @@ class _RuleRuntime:
         "rule",
         "series",
         "services",
+        "trailing",
         "warned_cap",
     )
 
     def __init__(self, rule: Rule, segments: Sequence[SegmentKey], max_services: int) -> None:
         self.rule = rule
         self.fine_width = rule.window / _FINE_PER_WINDOW
-        trailing = rule.baseline if isinstance(rule, DropRule) else None
-        if isinstance(trailing, TrailingBaseline):
-            self.coarse_width = max(trailing.window / _COARSE_PER_BASELINE, self.fine_width)
+        #: The rule's trailing baseline (None: a fixed baseline or a canary rule).
+        self.trailing: TrailingBaseline | None = None
+        if isinstance(rule, DropRule) and isinstance(rule.baseline, TrailingBaseline):
+            self.trailing = rule.baseline
+        if self.trailing is not None:
+            self.coarse_width = max(self.trailing.window / _COARSE_PER_BASELINE, self.fine_width)
         else:
             self.coarse_width = 0.0
         index = {k.key: i for i, k in enumerate(segments)}
@@ -221,16 +225,7 @@ class _RuleRuntime:
         self.services: dict[str, int] = {}
         self.warned_cap = False
 
-    @property
-    def trailing(self) -> TrailingBaseline | None:
-        rule = self.rule
-        if isinstance(rule, DropRule) and isinstance(rule.baseline, TrailingBaseline):
-            return rule.baseline
-        return None
-
     def key_of(self, service: str, segments: tuple[str, ...]) -> SeriesKey:
-        if not self.positions:
-            return (service, ())
         n = len(segments)
         return (service, tuple(segments[i] if 0 <= i < n else UNSET for i in self.positions))
 

@@ -89,15 +89,14 @@ def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document] 
     ]
     if docs:
         return docs
-    output = attrs.get(semconv.TRACELOOP_ENTITY_OUTPUT)
+    output = json_value(attrs.get(semconv.TRACELOOP_ENTITY_OUTPUT))  # parsed once, for both
     nodes = _llama_index_nodes(output)
     return nodes if nodes is not None else documents_from_json(output)
 
 
-def _llama_index_nodes(value: Any) -> list[Document] | None:
-    """The documents of a LlamaIndex retriever's output, a list of ``NodeWithScore``
-    (each a JSON string or an object); None when it is not one."""
-    parsed = json_value(value)
+def _llama_index_nodes(parsed: Any) -> list[Document] | None:
+    """The documents of a LlamaIndex retriever's output (parsed), a list of
+    ``NodeWithScore`` (each a JSON string or an object); None when it is not one."""
     if not isinstance(parsed, list) or not parsed:
         return None
     docs: list[Document] = []

@@ -152,26 +152,26 @@ class CasesConfig(BaseModel):
             for source in sources:
                 check_source(source)
         if isinstance(value, dict):
-            known = [c.name for c in CONVENTIONS] + [ConfiguredRetrievers.name]
-            for name in value:
-                if name not in known:
-                    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-                    hint = f"did you mean {close[0]!r}?" if close else f"one of: {', '.join(known)}"
-                    raise ValueError(f"unknown convention {name!r} ({hint})")
+            _check_conventions(value, [c.name for c in CONVENTIONS] + [ConfiguredRetrievers.name])
         return value
 
     @field_validator("conventions")
     @classmethod
     def _known(cls, names: list[str]) -> list[str]:
         known = [c.name for c in CONVENTIONS]
-        for name in names:
-            if name not in known:
-                close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-                hint = f"did you mean {close[0]!r}?" if close else f"one of: {', '.join(known)}"
-                raise ValueError(f"unknown convention {name!r} ({hint})")
+        _check_conventions(names, known)
         if not names:
             raise ValueError(f"name at least one convention (of: {', '.join(known)})")
         return names
+
+
+def _check_conventions(names: Iterable[str], known: list[str]) -> None:
+    """A ValueError, with a hint, for the first of ``names`` not ``known``."""
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"one of: {', '.join(known)}"
+            raise ValueError(f"unknown convention {name!r} ({hint})")
 
 
 class CaseRules:
@@ -439,7 +439,7 @@ def build_cases(
     return built
 
 
-def _outermost_roots(nodes: Mapping[bytes, _Node], configured: object) -> list[_Node]:
+def _outermost_roots(nodes: Mapping[bytes, _Node], configured: ConfiguredRetrievers) -> list[_Node]:
     """The outermost ROOT ancestor of every retriever, each once, in span order; for a
     retriever of ``cases.retrievers`` (``configured``) with none, its outermost ancestor."""
     chosen: dict[bytes, _Node] = {}

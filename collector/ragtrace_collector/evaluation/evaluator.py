@@ -72,7 +72,7 @@ import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from ragtrace import semconv
 from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
@@ -681,8 +681,8 @@ class OnlineEvaluator(Component):
     async def _start_case(self, built: BuiltCase, done: frozenset[str]) -> _CaseOutcome:
         """Start the metrics of one case, except ``done`` (results the log held)."""
         outcome = _CaseOutcome(built, [], {}, [])
-        case_metrics = [m for m in self.case_metrics if m.name not in done]
-        conversation_metrics = [m for m in self.conversation_metrics if m.name not in done]
+        case_metrics = _without(self.case_metrics, done)
+        conversation_metrics = _without(self.conversation_metrics, done)
         bounded = check_case(built.case, self.config)
         if bounded.case is None:
             outcome.results.extend(self._skipped(m, bounded.note) for m in case_metrics)
@@ -738,11 +738,8 @@ class OnlineEvaluator(Component):
         rest of the CPU work as one pool item, LLM-judge metrics as tasks."""
         case = built.case
         pooled: list[Metric] = []
-        cpu_metrics = self._cpu_metrics
-        task_metrics = self._task_metrics
-        if done:
-            cpu_metrics = [m for m in cpu_metrics if m.name not in done]
-            task_metrics = [m for m in task_metrics if m.name not in done]
+        cpu_metrics = _without(self._cpu_metrics, done)
+        task_metrics = _without(self._task_metrics, done)
         if cpu_metrics:
             pool = self.pool
             if pool is None or (
@@ -948,6 +945,9 @@ class OnlineEvaluator(Component):
         return result, {semconv.EVAL_FIELD_CONVERSATION_SCORE: running}
 
 
+_M = TypeVar("_M", bound=Metric)
+
+
 class _TurnView(NamedTuple):
     """A turn's conversation so far: its turns up to this one, their numbers, and this
     turn's number (None: the store dropped it, older than every kept turn)."""
@@ -955,6 +955,11 @@ class _TurnView(NamedTuple):
     conversation: Conversation
     present: frozenset[int]
     number: int | None
+
+
+def _without(metrics: list[_M], done: frozenset[str]) -> list[_M]:
+    """``metrics`` less those in ``done`` (results the log held); as is when none."""
+    return [m for m in metrics if m.name not in done] if done else metrics
 
 
 def _store_unavailable(metric: str, exc: SessionStoreError) -> MetricResult:

@@ -240,20 +240,21 @@ class Segments:
         attributes), the resource's ``KeyValue`` s, then the ``retrievers``' attributes."""
         found: list[str | None] = [_text(span_attributes.get(key)) for key in self.keys]
         if None in found and resource_attributes is not None:
-            for kv in resource_attributes:
-                i = self._index.get(kv.key)
-                if i is not None and found[i] is None:
-                    found[i] = _text(any_value_to_python(kv.value))
+            self._fill(found, resource_attributes)
         if None in found and retrievers:
             for span in retrievers:
-                for kv in span.attributes:
-                    i = self._index.get(kv.key)
-                    if i is not None and found[i] is None:
-                        found[i] = _text(any_value_to_python(kv.value))
+                self._fill(found, span.attributes)
             i = self._index.get(semconv.SEGMENT_RETRIEVER_NAME)
             if i is not None and found[i] is None:
                 found[i] = _text(retrievers[0].name)
         return SegmentValues(tuple(found))
+
+    def _fill(self, found: list[str | None], attributes: Iterable[Any]) -> None:
+        """The values still missing from ``found``, read from ``KeyValue`` s."""
+        for kv in attributes:
+            i = self._index.get(kv.key)
+            if i is not None and found[i] is None:
+                found[i] = _text(any_value_to_python(kv.value))
 
     def missing_on_span(
         self, values: SegmentValues, span_attributes: Mapping[str, Any]

@@ -335,11 +335,12 @@ class Exporter(Component, abc.ABC, Generic[_Payload]):
             self._inflight_spans += count
             try:
                 delivered = await self._deliver([g for b in taken for g in b.groups], count)
-                follow = self._follow_ups.pop(asyncio.current_task(), None)
-                if delivered and follow is None:
-                    self._settled(taken)
-                elif delivered and follow is not None:
-                    self._settle_after(follow, taken)
+                if delivered:  # else unencodable: never settled
+                    follow = self._follow_ups.pop(asyncio.current_task(), None)
+                    if follow is None:
+                        self._settled(taken)
+                    else:
+                        self._settle_after(follow, taken)
             except asyncio.CancelledError:
                 self._abandoned_spans += count
                 raise

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from ragtrace_collector.exporters.base import Exporter
 from ragtrace_collector.exporters.config import (
     ExporterConfig,
@@ -14,6 +12,7 @@ from ragtrace_collector.exporters.config import (
 )
 from ragtrace_collector.service.component import Supervisor
 from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.storage.fileops import FsyncPolicy
 
 __all__ = ["build_exporter"]
 
@@ -24,7 +23,7 @@ def build_exporter(
     telemetry: Telemetry,
     *,
     supervisor: Supervisor | None = None,
-    fsync: Literal["never", "batch", "always"] = "never",
+    fsync: FsyncPolicy = "never",
 ) -> Exporter[object]:
     """The exporter for one ``exporters.<name>`` config section; ``supervisor`` runs
     its workers.  ``fsync`` is ``storage.fsync`` when a write-ahead log is on (the

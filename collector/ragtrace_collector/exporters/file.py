@@ -27,19 +27,16 @@ import asyncio
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 from ragtrace_collector.exporters.base import Exporter, ExportError
 from ragtrace_collector.exporters.config import FileExporterConfig
 from ragtrace_collector.otlp.codec import SpanGroup, build_request, encode_json
 from ragtrace_collector.service.component import Supervisor
 from ragtrace_collector.service.telemetry import Telemetry
-from ragtrace_collector.storage.fileops import FileOps, write_all
+from ragtrace_collector.storage.fileops import FileOps, FsyncPolicy, sync_directory, write_all
 
 __all__ = ["FileExporter", "FsyncPolicy", "rotated_paths"]
-
-#: ``storage.fsync``: when the exporter syncs what it wrote.
-FsyncPolicy = Literal["never", "batch", "always"]
 
 _NEWLINE: Final = b"\n"
 
@@ -89,11 +86,12 @@ class FileExporter(Exporter[bytes]):
         self._path.parent.mkdir(parents=True, exist_ok=True)
         try:
             size = self._path.stat().st_size
+            created = False
         except FileNotFoundError:
-            size = 0
+            size, created = 0, True
         if size and size + len(line) > self._max_bytes:
-            self._rotate()
-        created = not self._path.exists()
+            self._rotate()  # moves or removes the file: the next open creates it
+            created = True
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             start = os.fstat(fd).st_size
@@ -109,15 +107,7 @@ class FileExporter(Exporter[bytes]):
         finally:
             os.close(fd)
         if created and self._sync:
-            self._sync_directory()
-
-    def _sync_directory(self) -> None:
-        """Make a created or renamed file's directory entry durable."""
-        fd = os.open(self._path.parent, os.O_RDONLY)
-        try:
-            self._ops.fsync(fd)
-        finally:
-            os.close(fd)
+            sync_directory(self._ops, self._path.parent)
 
     def _rotate(self) -> None:
         paths = rotated_paths(self._path, self._keep)

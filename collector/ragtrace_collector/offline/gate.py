@@ -104,14 +104,16 @@ def _unscored(name: str, floor: float, report: EvalReport) -> str:
     summary = report.summary.get(name)
     if summary is None or not summary.count:
         return f"{name}: no scored rows to compare with {floor:g} (the metric did not run)"
-    reasons = Counter(
-        r.reason or "no reason given"
-        for item in report.items
-        if (r := item.result(name)) is not None and r.error is None
-    )
-    errors = Counter(
-        r.error for item in report.items if (r := item.result(name)) is not None and r.error
-    )
+    reasons: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    for item in report.items:
+        r = item.result(name)
+        if r is None:
+            continue
+        if r.error is None:
+            reasons[r.reason or "no reason given"] += 1
+        elif r.error:
+            errors[r.error] += 1
     parts = [f"{summary.skipped} skipped", f"{summary.errors} error(s)"]
     line = f"{name}: no scored rows to compare with {floor:g} ({', '.join(parts)})"
     if reasons:

@@ -53,6 +53,7 @@ __all__ = [
     "TraceChunk",
     "build_request",
     "count_spans",
+    "decode_failure",
     "decode_json_request",
     "decode_protobuf_request",
     "encode_json",
@@ -89,6 +90,12 @@ _LINK_ID_KEYS: Final = ("traceId", "trace_id", "spanId", "span_id")
 
 class OtlpDecodeError(ValueError):
     """The body is not a valid OTLP trace export request; the message says why."""
+
+
+def decode_failure(exc: BaseException) -> str:
+    """What the receivers answer when decoding raised something other than
+    :class:`OtlpDecodeError`: only the kind of error, as its message may quote the body."""
+    return f"cannot decode the request ({type(exc).__name__})"
 
 
 # --------------------------------------------------------------------------- model

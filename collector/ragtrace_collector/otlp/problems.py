@@ -151,10 +151,9 @@ def _message(descriptor: Descriptor, obj: Any) -> _Found | None:
 
 
 def _value(field: _Field, value: Any) -> _Found | None:
+    """A scalar field's value (message fields are walked by :func:`_message`)."""
     kind = field.kind
-    if field.message is not None:
-        return _message(field.message, value)
-    if kind == FieldDescriptor.TYPE_STRING:
+    if kind == _STRING:
         return None if isinstance(value, str) else _expected("string", value)
     if kind == FieldDescriptor.TYPE_BYTES:
         if not isinstance(value, str):

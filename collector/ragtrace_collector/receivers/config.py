@@ -4,16 +4,15 @@ bearer-token authentication."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
-from pydantic import BeforeValidator, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from ragtrace_collector.configbase import (
     ByteSize,
     Duration,
+    ListenEndpoint,
     StrictModel,
     check_file,
-    check_listen_endpoint,
 )
 
 __all__ = [
@@ -53,7 +52,7 @@ class AuthConfig(StrictModel):
 
 class GrpcReceiverConfig(StrictModel):
     enabled: bool = Field(True, description="Serve OTLP/gRPC.")
-    endpoint: Annotated[str, BeforeValidator(str)] = Field(
+    endpoint: ListenEndpoint = Field(
         "127.0.0.1:4317", description="host:port to listen on (`0.0.0.0:4317` in a container)."
     )
     tls: ServerTLSConfig | None = Field(
@@ -66,12 +65,10 @@ class GrpcReceiverConfig(StrictModel):
     #: A connection with no call in progress is closed after this.
     keepalive_timeout: Duration = Field(300.0, gt=0)
 
-    _endpoint = field_validator("endpoint")(check_listen_endpoint)
-
 
 class HttpReceiverConfig(StrictModel):
     enabled: bool = Field(True, description="Serve OTLP/HTTP (`POST /v1/traces`).")
-    endpoint: Annotated[str, BeforeValidator(str)] = Field(
+    endpoint: ListenEndpoint = Field(
         "127.0.0.1:4318", description="host:port to listen on (`0.0.0.0:4318` in a container)."
     )
     tls: ServerTLSConfig | None = Field(
@@ -89,8 +86,6 @@ class HttpReceiverConfig(StrictModel):
     keepalive_timeout: Duration = Field(30.0, gt=0)
     #: Connections open at once; past it, a new connection gets 503 and is closed.
     max_connections: int = Field(512, ge=1)
-
-    _endpoint = field_validator("endpoint")(check_listen_endpoint)
 
 
 class ReceiversConfig(StrictModel):

@@ -33,6 +33,7 @@ import grpc
 from ragtrace_collector.configbase import split_host_port
 from ragtrace_collector.otlp.codec import (
     OtlpDecodeError,
+    decode_failure,
     export_response,
     retry_info,
     rpc_status,
@@ -165,8 +166,7 @@ class GrpcReceiver(Component):
             self._reject("malformed", str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:  # whatever a hostile message provokes: still INVALID_ARGUMENT
-            # Only the kind of error: its message may quote the request.
-            message = f"cannot decode the request ({type(exc).__name__})"
+            message = decode_failure(exc)
             self._reject("malformed", message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         try:

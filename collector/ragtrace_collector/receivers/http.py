@@ -48,6 +48,7 @@ from ragtrace_collector.otlp.codec import (
     CONTENT_TYPE_JSON,
     CONTENT_TYPE_PROTOBUF,
     OtlpDecodeError,
+    decode_failure,
     encode_json,
     export_response,
     rpc_status,
@@ -220,8 +221,7 @@ class HttpReceiver(Component):
         except OtlpDecodeError as exc:
             return self._reject(400, "malformed", CODE_INVALID_ARGUMENT, str(exc), as_json)
         except Exception as exc:  # whatever a hostile body provokes: still a 400
-            # Only the kind of error: its message may quote the body.
-            message = f"cannot decode the request ({type(exc).__name__})"
+            message = decode_failure(exc)
             return self._reject(400, "malformed", CODE_INVALID_ARGUMENT, message, as_json)
         try:
             payload = split.payload if split.payload is not None else body

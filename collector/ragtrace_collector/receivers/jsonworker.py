@@ -23,7 +23,7 @@ import struct
 import sys
 from typing import Any, BinaryIO, Final
 
-from ragtrace_collector.otlp.codec import OtlpDecodeError, decode_json_request
+from ragtrace_collector.otlp.codec import OtlpDecodeError, decode_failure, decode_json_request
 from ragtrace_collector.receivers.inflate import BodyError, InflateBudget, plain_body
 
 __all__ = ["JsonWorker", "json_as_protobuf"]
@@ -153,9 +153,7 @@ def _serve(source: BinaryIO, sink: BinaryIO) -> None:
         except OtlpDecodeError as exc:
             out = _frame({"error": "decode", "message": str(exc)}, b"")
         except Exception as exc:  # whatever a hostile body provokes: still a clear 400
-            # Only the kind of error: its message may quote the body.
-            message = f"cannot decode the request ({type(exc).__name__})"
-            out = _frame({"error": "decode", "message": message}, b"")
+            out = _frame({"error": "decode", "message": decode_failure(exc)}, b"")
         sink.write(out)
         sink.flush()
 

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import Field
 
-from ragtrace_collector.configbase import Duration, StrictModel, check_listen_endpoint
+from ragtrace_collector.configbase import Duration, ListenEndpoint, StrictModel
 
 __all__ = ["AdminConfig", "LoggingConfig", "ShutdownConfig"]
 
@@ -17,7 +17,7 @@ class AdminConfig(StrictModel):
     """The admin HTTP port: /metrics, /healthz, /readyz."""
 
     enabled: bool = Field(True, description="Serve the admin port.")
-    endpoint: Annotated[str, BeforeValidator(str)] = Field(
+    endpoint: ListenEndpoint = Field(
         "127.0.0.1:8888", description="host:port to listen on (`0.0.0.0:8888` in a container)."
     )
     unhealthy_after: Duration = Field(
@@ -26,8 +26,6 @@ class AdminConfig(StrictModel):
         "`recoverable_error` this long (a backend or Redis down); `permanent_error` "
         "answers 503 at once.",
     )
-
-    _endpoint = field_validator("endpoint")(check_listen_endpoint)
 
 
 class LoggingConfig(StrictModel):

@@ -594,12 +594,7 @@ class Pipeline:
             return
         if self._outstanding is not None:
             self._outstanding.forwarded(trace.groups)
-        if self._storage is not None and self._storage.delivered:
-            self._fan_out(trace.groups)
-        else:
-            count = trace.span_count
-            for exporter in self.exporters:
-                exporter.enqueue(trace.groups, count)
+        self._fan_out(trace.groups)
         if self._loop is not None:
             with contextlib.suppress(Exception):
                 self._telemetry.pipeline_latency.observe(self._loop.time() - trace.released_at)

@@ -278,10 +278,7 @@ class ResultBook:
         key = (service, metric, outcome, segments)
         counted = self._results.get(key)
         if counted is None:
-            if len(segments) != len(self._segment_labels):
-                raise ValueError(
-                    f"{len(segments)} segment values for {len(self._segment_labels)} labels"
-                )
+            self._check_width(segments)
             counted = self._results[key] = [0.0, time.time()]
         counted[0] += 1.0
         if score is not None and score - score == 0.0:  # finite (NaN and inf are not)
@@ -294,13 +291,17 @@ class ResultBook:
         key = (service, metric, segments)
         row = self._scores.get(key)
         if row is None:
-            if len(segments) != len(self._segment_labels):
-                raise ValueError(
-                    f"{len(segments)} segment values for {len(self._segment_labels)} labels"
-                )
+            self._check_width(segments)
             row = self._scores[key] = [0.0] * (len(self._les) + 1) + [time.time()]
         row[bisect.bisect_left(SCORE_BUCKETS, score)] += 1.0
         row[-2] += score
+
+    def _check_width(self, segments: tuple[str, ...]) -> None:
+        """A new series must carry one value per segment label."""
+        if len(segments) != len(self._segment_labels):
+            raise ValueError(
+                f"{len(segments)} segment values for {len(self._segment_labels)} labels"
+            )
 
     def forget(self, index: int, value: str) -> None:
         """Drop the series whose ``index``-th segment value is ``value`` (a value that

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragtrace_collector.storage.fileops import FsyncPolicy
 from ragtrace_collector.units import ByteSize, Duration
 
 __all__ = ["StorageConfig"]
@@ -28,7 +28,7 @@ class StorageConfig(BaseModel):
     #: group of requests written together (group commit), still before acknowledging;
     #: ``never``: leave flushing to the OS (survives a process crash, not a power loss).
     #: A ``file`` exporter syncs its lines by the same policy before their entry is released.
-    fsync: Literal["never", "batch", "always"] = "batch"
+    fsync: FsyncPolicy = "batch"
     #: A request whose write has not completed within this time (a stuck disk) is
     #: answered as refused (429 / RESOURCE_EXHAUSTED; the client retries), and storage
     #: reports ``recoverable_error`` until the writer completes a write again.  A write

@@ -11,8 +11,13 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
 
-__all__ = ["FileOps", "write_all", "writev_all"]
+__all__ = ["FileOps", "FsyncPolicy", "sync_directory", "write_all", "writev_all"]
+
+#: ``storage.fsync``: when the write-ahead log (and a file exporter) syncs what it wrote.
+FsyncPolicy = Literal["never", "batch", "always"]
 
 #: Buffers per ``writev`` call (Linux's IOV_MAX).
 _IOV_MAX = 1024
@@ -35,6 +40,15 @@ class FileOps:
 
     def truncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
+
+
+def sync_directory(ops: FileOps, directory: Path) -> None:
+    """Make a created or renamed file's entry in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        ops.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_all(ops: FileOps, fd: int, data: bytes) -> int:

@@ -714,7 +714,7 @@ class Storage(Component):
             self._write_batch(loop, batch)
             batch = []
             if kind == "delete":
-                self._delete(loop, arg)
+                self._delete(arg)
             elif kind == "stop":
                 state.stop = True
         self._write_batch(loop, batch)
@@ -770,7 +770,7 @@ class Storage(Component):
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._recovered)
 
-    def _delete(self, loop: asyncio.AbstractEventLoop, first: int) -> None:
+    def _delete(self, first: int) -> None:
         try:
             if first == self._wal.active_first_seq:
                 self._wal.seal()

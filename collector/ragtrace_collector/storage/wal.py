@@ -61,10 +61,16 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Final, Literal, NamedTuple
+from typing import IO, Final, NamedTuple
 
 from ragtrace_collector.service.lazylog import LazyLogger
-from ragtrace_collector.storage.fileops import FileOps, write_all, writev_all
+from ragtrace_collector.storage.fileops import (
+    FileOps,
+    FsyncPolicy,
+    sync_directory,
+    write_all,
+    writev_all,
+)
 
 __all__ = [
     "KIND_REQUEST",
@@ -77,8 +83,6 @@ __all__ = [
     "WriteAheadLog",
     "directory_problem",
 ]
-
-FsyncPolicy = Literal["never", "batch", "always"]
 
 #: A record holding one OTLP ``ExportTraceServiceRequest`` (binary protobuf).
 KIND_REQUEST: Final = 1
@@ -464,7 +468,7 @@ class WriteAheadLog:
             write_all(self.file_ops, fd, _MAGIC)
             if self._fsync != "never":
                 self._sync(fd)
-                self._sync_directory()
+                sync_directory(self.file_ops, self.directory)
         except OSError:
             os.close(fd)
             with contextlib.suppress(OSError):
@@ -476,13 +480,6 @@ class WriteAheadLog:
         # An empty segment left by a crash may carry the same name: it is replaced.
         self.segments = [s for s in self.segments if s.first_seq != first_seq]
         self.segments.append(segment)
-
-    def _sync_directory(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            self.file_ops.fsync(fd)
-        finally:
-            os.close(fd)
 
     def _close_active(self) -> None:
         if self._fd is not None:

@@ -455,12 +455,10 @@ class RedisSessionStore(Component):
     def max_turns(self) -> int:
         return self._max_turns
 
-    def _keys(self, session_id: str) -> tuple[str, str]:
+    def _keys(self, session_id: str) -> tuple[str, str, str]:
+        """The session's turns zset, scores hash and timeline zset (turns without an index)."""
         base = f"{self._prefix}{session_id}"
-        return f"{base}:turns", f"{base}:scores"
-
-    def _timeline_key(self, session_id: str) -> str:
-        return f"{self._prefix}{session_id}:timeline"
+        return f"{base}:turns", f"{base}:scores", f"{base}:timeline"
 
     def _error(self, action: str, exc: BaseException) -> SessionStoreError:
         if isinstance(exc, TimeoutError):
@@ -493,10 +491,10 @@ class RedisSessionStore(Component):
         return turns
 
     async def append_turn(self, session_id: str, turn: SessionTurn) -> list[SessionTurn]:
-        turns_key, scores_key = self._keys(session_id)
         index = turn.turn_index
         if index is None:
             return await self._append_turn_unindexed(session_id, turn)
+        turns_key, scores_key, timeline_key = self._keys(session_id)
 
         async def run() -> list[Any]:
             async with self._redis.pipeline(transaction=True) as pipe:
@@ -505,7 +503,7 @@ class RedisSessionStore(Component):
                 pipe.zremrangebyrank(turns_key, 0, -(self._max_turns + 1))
                 pipe.pexpire(turns_key, self._ttl_ms)
                 pipe.pexpire(scores_key, self._ttl_ms)
-                pipe.pexpire(self._timeline_key(session_id), self._ttl_ms)
+                pipe.pexpire(timeline_key, self._ttl_ms)
                 pipe.zrange(turns_key, 0, -1)
                 results: list[Any] = await pipe.execute()
             return _members(results[-1])
@@ -513,13 +511,13 @@ class RedisSessionStore(Component):
         return self._decode(await self._call("append_turn", run))
 
     async def _append_turn_unindexed(self, session_id: str, turn: SessionTurn) -> list[SessionTurn]:
-        turns_key, scores_key = self._keys(session_id)
+        turns_key, scores_key, timeline_key = self._keys(session_id)
         # As in the member's compact JSON: the script finds an earlier copy of this turn.
         marker = '"span_id":' + json.dumps(turn.span_id, ensure_ascii=False)
 
         async def run() -> tuple[int, list[Any]]:
             evicted, members = await self._append_unindexed(
-                keys=[self._timeline_key(session_id), scores_key, turns_key],
+                keys=[timeline_key, scores_key, turns_key],
                 args=[
                     turn.model_dump_json(),
                     repr(turn.timestamp),
@@ -528,17 +526,13 @@ class RedisSessionStore(Component):
                     self._ttl_ms,
                 ],
             )
-            count = int(evicted)
-            if count < 0:
-                raise ValueError(f"unreadable evicted-turn count from Redis: {evicted!r}")
-            return count, _members(members)
+            return _evicted_count(evicted), _members(members)
 
         evicted, members = await self._call("append_turn", run)
         return _numbered(self._decode(members), evicted)
 
     async def get_turns(self, session_id: str) -> list[SessionTurn]:
-        turns_key, scores_key = self._keys(session_id)
-        timeline_key = self._timeline_key(session_id)
+        turns_key, scores_key, timeline_key = self._keys(session_id)
 
         async def run() -> tuple[list[Any], list[Any], int]:
             async with self._redis.pipeline(transaction=True) as pipe:
@@ -546,10 +540,7 @@ class RedisSessionStore(Component):
                 pipe.zrange(timeline_key, 0, -1)
                 pipe.hget(scores_key, "evicted")
                 indexed, timeline, evicted = await pipe.execute()
-            count = int(evicted or 0)
-            if count < 0:
-                raise ValueError(f"unreadable evicted-turn count from Redis: {evicted!r}")
-            return _members(indexed), _members(timeline), count
+            return _members(indexed), _members(timeline), _evicted_count(evicted or 0)
 
         indexed, timeline, evicted = await self._call("get_turns", run)
         return self._decode(indexed) + _numbered(self._decode(timeline), evicted)
@@ -558,8 +549,7 @@ class RedisSessionStore(Component):
         self, session_id: str, metric: str, score: float, *, turn_index: int | str | None = None
     ) -> tuple[float, int]:
         score = _check_score(score)
-        turns_key, scores_key = self._keys(session_id)
-        timeline_key = self._timeline_key(session_id)
+        turns_key, scores_key, timeline_key = self._keys(session_id)
         sum_field, count_field = f"s:{metric}", f"n:{metric}"
 
         async def run() -> tuple[float, int]:
@@ -587,7 +577,7 @@ class RedisSessionStore(Component):
         return await self._call("add_window_score", run)
 
     async def get_window_scores(self, session_id: str, metric: str) -> tuple[float, int]:
-        _, scores_key = self._keys(session_id)
+        _, scores_key, _ = self._keys(session_id)
 
         async def run() -> tuple[float, int]:
             total, count = await self._redis.hmget(scores_key, [f"s:{metric}", f"n:{metric}"])
@@ -598,12 +588,20 @@ class RedisSessionStore(Component):
         return await self._call("get_window_scores", run)
 
     async def delete_session(self, session_id: str) -> None:
-        keys = (*self._keys(session_id), self._timeline_key(session_id))
+        keys = self._keys(session_id)
         await self._call("delete_session", lambda: self._redis.delete(*keys))
 
     async def aclose(self) -> None:
         await self._redis.aclose()
         self.report(Status.STOPPED)
+
+
+def _evicted_count(raw: Any) -> int:
+    """The ``evicted`` field of a session's scores hash, as Redis returned it."""
+    count = int(raw)
+    if count < 0:
+        raise ValueError(f"unreadable evicted-turn count from Redis: {raw!r}")
+    return count
 
 
 def _members(value: Any) -> list[Any]:
