@@ -562,13 +562,13 @@ def _evaluator(
     metric_names: tuple[str, ...], judge: Any, processes: int = 0, **evaluation: Any
 ) -> Any:
     """An :class:`OnlineEvaluator`; ``processes`` > 0 gives it a worker pool."""
+    from ragtrace_collector.component.telemetry import Telemetry
     from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
     from ragtrace_collector.evaluation.evaluator import EvaluationConfig, OnlineEvaluator
     from ragtrace_collector.evaluation.pool import EvaluationPool
     from ragtrace_collector.evaluation.sampling import Sampler, SamplingConfig
     from ragtrace_collector.metrics import build_metrics
     from ragtrace_collector.service.server import tune_interpreter
-    from ragtrace_collector.service.telemetry import Telemetry
     from ragtrace_collector.stores.session import create_session_store
 
     tune_interpreter()  # as serve does before it listens

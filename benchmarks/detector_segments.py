@@ -19,7 +19,7 @@ results a second for ``--hours`` hours, an evaluation every 30 s) goes through:
 Each segmented run also pays what the evaluator pays per case: turning the raw values
 into label values (:class:`~ragtrace_collector.evaluation.segments.Segments`) and
 counting the result in ``ragtrace_eval_score``/``ragtrace_eval_results``
-(:class:`~ragtrace_collector.service.telemetry.ResultBook`); the baseline counts the
+(:class:`~ragtrace_collector.component.telemetry.ResultBook`); the baseline counts the
 result without segments.  For each key, 90% of the cases carry one of ``max_values``
 values, 5% one of ``50 x max_values`` rare values (counted as ``other``), 5% none
 (``unset``): every key is at its limit, with every label value in use.
@@ -45,8 +45,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ragtrace_collector.alerts import AlertsConfig, DropDetector
-from ragtrace_collector.evaluation.segments import SegmentKey, Segments
-from ragtrace_collector.service.telemetry import ResultBook
+from ragtrace_collector.component.telemetry import ResultBook
+from ragtrace_collector.evaluation.segments import Segments
+from ragtrace_collector.segments import SegmentKey
 
 KEYS = ("deployment.environment", "service.version", "app.index_version")
 T0 = 1_699_999_200.0

@@ -105,7 +105,7 @@ async def _time(
 
 async def main(traces: int, repeat: int) -> None:
     endpoint = "http://127.0.0.1:6006"
-    from ragtrace_collector.service.telemetry import Telemetry
+    from ragtrace_collector.component.telemetry import Telemetry
 
     otlp = OtlpHttpExporter(
         "otlp",

@@ -41,14 +41,16 @@ from pydantic import (
     model_validator,
 )
 
+from ragtrace_collector.admin.config import AdminConfig
 from ragtrace_collector.alerts.config import AlertsConfig
 from ragtrace_collector.assembly.config import AssemblyConfig
-from ragtrace_collector.configbase import StrictModel
+from ragtrace_collector.component.config import LoggingConfig
+from ragtrace_collector.component.redaction import redact, url_secrets
+from ragtrace_collector.configbase import Duration, StrictModel
 from ragtrace_collector.evaluation.case_builder import CasesConfig
 from ragtrace_collector.evaluation.config import EvaluationConfig
 from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
 from ragtrace_collector.evaluation.sampling import SamplingConfig
-from ragtrace_collector.evaluation.segments import SegmentsConfig
 from ragtrace_collector.exporters.config import (
     ExporterConfig,
     PhoenixExporterConfig,
@@ -58,13 +60,29 @@ from ragtrace_collector.judges.config import JudgeConfig
 from ragtrace_collector.metrics import OFFLINE_METRICS, MetricOptions
 from ragtrace_collector.metrics.config import MetricName, expand_include_defaults
 from ragtrace_collector.receivers.config import ReceiversConfig
-from ragtrace_collector.service.config import AdminConfig, LoggingConfig, ShutdownConfig
-from ragtrace_collector.service.redaction import redact, url_secrets
+from ragtrace_collector.segments import SegmentsConfig
 from ragtrace_collector.storage.config import StorageConfig
 from ragtrace_collector.stores.reference import ReferenceStoreConfig
 from ragtrace_collector.stores.session import SessionStoreConfig
 
-__all__ = ["CollectorConfig", "ConfigError", "load_config", "parse_config"]
+__all__ = ["CollectorConfig", "ConfigError", "ShutdownConfig", "load_config", "parse_config"]
+
+
+# The process's own section: the deadlines of its shutdown sequence, which spans
+# every stage (receivers, processor, exporters, the spill file), so it belongs to none.
+class ShutdownConfig(StrictModel):
+    """Deadlines of the graceful shutdown (SIGTERM, SIGINT)."""
+
+    #: In-flight requests may finish within this after the receivers stop.
+    receiver_grace: Duration = 5.0
+    #: The trace processor may finish held traces within this; then they go out as is.
+    processor_timeout: Duration = 10.0
+    #: Exporters may deliver their queues within this; what remains is counted dropped.
+    flush_timeout: Duration = 20.0
+    #: Without a write-ahead log (``storage.directory``): spans undelivered at the
+    #: deadline are appended here as OTLP/JSON lines (the file exporter's format);
+    #: ``ragtrace-collector replay FILE --endpoint URL`` sends them again.
+    spill_path: Path | None = None
 
 
 class ConfigError(ValueError):

@@ -5,8 +5,10 @@ exist.  Each component's own section lives next to its code (``receivers/config.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -19,6 +21,7 @@ __all__ = [
     "StrictModel",
     "check_file",
     "check_listen_endpoint",
+    "check_one_auth_source",
     "split_host_port",
 ]
 
@@ -67,3 +70,14 @@ class StrictModel(BaseModel):
     """Base of every config section: unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def check_one_auth_source(url: str, headers: Mapping[str, str]) -> None:
+    """Credentials in the URL (``https://user:pass@host``) and an ``Authorization``
+    header cannot both be sent: refuse the combination when the config is read rather
+    than fail every request."""
+    if urlsplit(url).username is not None and any(k.lower() == "authorization" for k in headers):
+        raise ValueError(
+            "credentials in the URL and an Authorization header cannot be used together; "
+            "keep one of them"
+        )

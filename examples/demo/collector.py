@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from examples.demo.plan import INDEX_VERSION_KEY, DemoPlan
 from examples.demo.processes import ChildProcess, tail
-from ragtrace_collector.evaluation.segments import prometheus_label
 from ragtrace_collector.metrics import OFFLINE_METRICS
+from ragtrace_collector.segments import prometheus_label
 
 __all__ = [
     "CollectorError",

@@ -9,9 +9,9 @@ from pathlib import Path
 import structlog
 import yaml
 
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.config import parse_config
-from ragtrace_collector.evaluation.stage import build_stage
-from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.service.stages import build_stage
 from tests.alerting_e2e._support import COLLECTOR_BIN, DETECTOR_RULE, collector_data
 from tests.fakes.otlp_sink import OtlpSink
 

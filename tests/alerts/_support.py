@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ragtrace_collector.alerts import AlertEvent, AlertsConfig, DropDetector, NotificationError
-from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.component.telemetry import Telemetry
 
 #: Aligned with the fine (3s) and coarse (6.25s) buckets of the rules below.
 T0 = 1_699_999_200.0

@@ -17,7 +17,7 @@ import pytest
 
 from ragtrace_collector.alerts import AlertmanagerConfig, AlertmanagerNotifier, AlertsConfig
 from ragtrace_collector.alerts.detector import DropDetector
-from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.component.telemetry import Telemetry
 from tests.fakes.services import alertmanager_config, async_alertmanager, await_condition, get_json
 
 from ._support import sample_event

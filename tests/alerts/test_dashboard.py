@@ -19,8 +19,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
 from ragtrace_collector.alerts.promrules import SHIPPED_SEGMENTS
-from ragtrace_collector.evaluation.segments import prometheus_label as segment_label
-from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.component.telemetry import Telemetry
+from ragtrace_collector.segments import prometheus_label as segment_label
 from tests.alerts.dashboard import (
     GRAFANA,
     REQUIRED_FAMILIES,

@@ -16,9 +16,9 @@ import structlog
 
 from ragtrace_collector.alerts import AlertEvent, AlertsConfig, DropDetector, LogNotifier
 from ragtrace_collector.alerts.notifiers import AlertmanagerNotifier, WebhookNotifier
-from ragtrace_collector.evaluation.segments import SegmentKey
-from ragtrace_collector.service.component import ComponentHost, Status
-from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.component import ComponentHost, Status
+from ragtrace_collector.component.telemetry import Telemetry
+from ragtrace_collector.segments import SegmentKey
 from tests.fakes.polling import eventually
 
 from ._support import (

@@ -14,7 +14,7 @@ from ragtrace_collector.alerts import (
     WebhookNotifier,
 )
 from ragtrace_collector.alerts.events import AlertEvent, SegmentMean, iso8601
-from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.component.telemetry import Telemetry
 
 from ._support import T0, Clock, detector, drive, rule, sample_event
 from .conftest import Receiver

@@ -31,8 +31,8 @@ from ragtrace_collector.alerts.promrules import (
     render_rules,
     with_durations,
 )
-from ragtrace_collector.evaluation.segments import prometheus_label
-from ragtrace_collector.service.telemetry import CONTENT_TYPE_LATEST, Telemetry
+from ragtrace_collector.component.telemetry import CONTENT_TYPE_LATEST, Telemetry
+from ragtrace_collector.segments import prometheus_label
 from tests.fakes.services import (
     async_alertmanager,
     async_prometheus,

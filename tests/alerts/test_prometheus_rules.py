@@ -18,7 +18,7 @@ from ragtrace_collector.alerts.promrules import (
     render_rules,
     with_durations,
 )
-from ragtrace_collector.evaluation.segments import prometheus_label as segment_label
+from ragtrace_collector.segments import prometheus_label as segment_label
 from tests.fakes.services import AMTOOL, PROMTOOL
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(60)]

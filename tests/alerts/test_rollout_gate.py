@@ -34,8 +34,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from examples.rollouts.ragtrace_gate import FAIL, INCONCLUSIVE, PASS, gate_query
-from ragtrace_collector.evaluation.segments import prometheus_label as segment_label
-from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.component.telemetry import Telemetry
+from ragtrace_collector.segments import prometheus_label as segment_label
 from tests.alerts.dashboard import all_panels, interpolate, load_dashboard
 from tests.fakes.ports import free_port
 from tests.fakes.services import PROMTOOL, ServiceProcess, get_json, prometheus, prometheus_config

@@ -8,8 +8,8 @@ import pytest
 
 from ragtrace_collector.assembly.assembler import AssembledTrace, Assembler, ReleaseReason
 from ragtrace_collector.assembly.config import AssemblyConfig
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.otlp.codec import split_request
-from ragtrace_collector.service.telemetry import Telemetry
 from tests.collector.otlp_data import make_request, make_span, new_trace_id, rag_trace
 
 

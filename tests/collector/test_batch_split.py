@@ -15,11 +15,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.config import parse_config
 from ragtrace_collector.exporters.otlp_grpc import OtlpGrpcExporter
 from ragtrace_collector.exporters.otlp_http import OtlpHttpExporter
 from ragtrace_collector.otlp.codec import SpanGroup, split_request
-from ragtrace_collector.service.telemetry import Telemetry
 from tests.collector.harness import collector_config, running_collector, sink_exporter
 from tests.collector.hostile import PROTOBUF, post, wide_trace
 from tests.collector.otlp_data import make_request, make_span, new_trace_id

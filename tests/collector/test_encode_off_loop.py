@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.exporters import build_exporter
 from ragtrace_collector.exporters.config import (
     FileExporterConfig,
@@ -22,7 +23,6 @@ from ragtrace_collector.exporters.config import (
     PhoenixExporterConfig,
 )
 from ragtrace_collector.otlp.codec import SpanGroup, build_request
-from ragtrace_collector.service.telemetry import Telemetry
 from tests.collector.otlp_data import make_request, rag_trace
 
 KINDS: dict[str, tuple[str, Any, dict[str, Any]]] = {

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.config import parse_config
 from ragtrace_collector.exporters.config import FileExporterConfig
 from ragtrace_collector.exporters.file import FileExporter, FsyncPolicy
 from ragtrace_collector.otlp.codec import SpanGroup, decode_json_request, iter_spans, split_request
 from ragtrace_collector.service.server import CollectorService
-from ragtrace_collector.service.telemetry import Telemetry
 from ragtrace_collector.storage.fileops import FileOps
 from ragtrace_collector.storage.spill import Outstanding, write_spill
 from tests.collector.harness import collector_config, running_collector, wait_for

@@ -17,7 +17,7 @@ import pytest
 import structlog
 import yaml
 
-from ragtrace_collector.service.logs import (
+from ragtrace_collector.component.logs import (
     REDACTED,
     THIRD_PARTY_LOGGERS,
     Redactor,

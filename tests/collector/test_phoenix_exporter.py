@@ -18,6 +18,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ragtrace import semconv
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.config import ConfigError, parse_config
 from ragtrace_collector.evaluation.case_builder import build_cases
 from ragtrace_collector.evaluation.document_verdicts import decode_verdicts, document_verdicts
@@ -35,7 +36,6 @@ from ragtrace_collector.metrics import build_metrics
 from ragtrace_collector.otlp.codec import SpanGroup
 from ragtrace_collector.otlp.spanattrs import set_attributes
 from ragtrace_collector.results import MetricResult
-from ragtrace_collector.service.telemetry import Telemetry
 from tests.online_eval._spans import make_span
 
 DOCS = [

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ragtrace_collector.service.component import Status
+from ragtrace_collector.component import Status
 from ragtrace_collector.service.pipeline import PassThroughProcessor
 from ragtrace_collector.service.ports import StartupError
 from ragtrace_collector.service.server import CollectorService

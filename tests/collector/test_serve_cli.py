@@ -17,7 +17,7 @@ import pytest
 import structlog
 
 from ragtrace_collector.cli import main
-from ragtrace_collector.service.logs import configure_logging, get_logger
+from ragtrace_collector.component.logs import configure_logging, get_logger
 from ragtrace_collector.service.ports import Endpoint, bind_problem
 from tests.collector.harness import serve_until_exit
 from tests.fakes.ports import free_port

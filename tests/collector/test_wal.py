@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
+from ragtrace_collector.component import ComponentHost, Status
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.otlp.codec import SpanGroup
-from ragtrace_collector.service.component import ComponentHost, Status
-from ragtrace_collector.service.telemetry import Telemetry
 from ragtrace_collector.storage import Storage, StorageConfig
 from ragtrace_collector.storage.wal import (
     KIND_REQUEST,

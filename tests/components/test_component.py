@@ -8,8 +8,8 @@ import logging
 import pytest
 import structlog.testing
 
-from ragtrace_collector.service.component import Component, ComponentHost, Status, Supervisor
-from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.component import Component, ComponentHost, Status, Supervisor
+from ragtrace_collector.component.telemetry import Telemetry
 
 
 class _Part(Component):

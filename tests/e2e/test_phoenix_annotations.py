@@ -21,11 +21,11 @@ import pytest
 
 import ragtrace
 from ragtrace import semconv
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.exporters.config import PhoenixExporterConfig
 from ragtrace_collector.exporters.phoenix import PhoenixExporter
 from ragtrace_collector.otlp.codec import SpanGroup, decode_json_request, iter_spans, split_request
 from ragtrace_collector.otlp.spanattrs import attributes_to_dict
-from ragtrace_collector.service.telemetry import Telemetry
 from tests.collector.harness import collector_config
 from tests.e2e import _app
 from tests.e2e._app import KB

@@ -12,11 +12,11 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpSpanExporter,
 )
 
+from ragtrace_collector.component import ComponentHost, Status, Supervisor
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.exporters.config import OtlpHttpExporterConfig
 from ragtrace_collector.exporters.otlp_http import OtlpHttpExporter
 from ragtrace_collector.otlp.codec import SpanGroup, split_request
-from ragtrace_collector.service.component import ComponentHost, Status, Supervisor
-from ragtrace_collector.service.telemetry import Telemetry
 from tests.collector.harness import (
     CollectorThread,
     admin_json,

@@ -20,6 +20,7 @@ from opentelemetry.proto.resource.v1 import resource_pb2
 
 from ragtrace import semconv
 from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.evaluation.config import EvaluationConfig
 from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
 from ragtrace_collector.evaluation.evaluator import OnlineEvaluator
@@ -29,7 +30,6 @@ from ragtrace_collector.judges.llm import LLMJudge
 from ragtrace_collector.metrics import MetricOptions, build_metrics
 from ragtrace_collector.otlp.codec import SpanGroup
 from ragtrace_collector.otlp.spanattrs import attributes_to_dict
-from ragtrace_collector.service.telemetry import Telemetry
 from ragtrace_collector.stores.session import SessionStoreConfig, create_session_store
 from tests.fakes.openai_server import FakeOpenAIServer, RecordedRequest, Reply, auto_reply
 from tests.judges.conftest import MakeJudge

@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
-from ragtrace_collector.service.component import ComponentHost, Status, Supervisor
-from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.component import ComponentHost, Status, Supervisor
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.stores.reference import (
     ReferenceStore,
     ReferenceStoreConfig,

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from ragtrace import semconv
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.evaluation.sampling import (
     RuleMatch,
     Sampler,
@@ -22,7 +23,6 @@ from ragtrace_collector.evaluation.sampling import (
     sampling_hash,
     trace_attribute_lookup,
 )
-from ragtrace_collector.service.telemetry import Telemetry
 
 
 class FakeClock:

@@ -17,6 +17,8 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ragtrace import semconv
 from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
+from ragtrace_collector.component import ComponentHost
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.config import ConfigError, parse_config
 from ragtrace_collector.evaluation.case_builder import (
     BuiltCase,
@@ -26,13 +28,11 @@ from ragtrace_collector.evaluation.case_builder import (
 )
 from ragtrace_collector.evaluation.document_ids import DocumentIds, IdOverlapWatch, looks_generated
 from ragtrace_collector.evaluation.pool import _pack_payload, _unpack_case
-from ragtrace_collector.evaluation.stage import build_stage
 from ragtrace_collector.metrics import build_metric
 from ragtrace_collector.metrics.base import JudgeFreeMetric
 from ragtrace_collector.otlp.codec import SpanGroup
 from ragtrace_collector.otlp.spanattrs import attributes_to_dict, set_attributes
-from ragtrace_collector.service.component import ComponentHost
-from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.service.stages import build_stage
 
 from ._spans import named_span
 

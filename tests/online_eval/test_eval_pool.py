@@ -18,6 +18,8 @@ from opentelemetry.proto.common.v1 import common_pb2
 
 from ragtrace import semconv
 from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
+from ragtrace_collector.component import Status
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.config import CollectorConfig
 from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
 from ragtrace_collector.evaluation.evaluator import EvaluationConfig, OnlineEvaluator
@@ -26,9 +28,7 @@ from ragtrace_collector.evaluation.sampling import Sampler, SamplingConfig
 from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.metrics import OFFLINE_METRICS, build_metrics
 from ragtrace_collector.otlp.codec import SpanGroup
-from ragtrace_collector.service.component import Status
 from ragtrace_collector.service.server import CollectorService
-from ragtrace_collector.service.telemetry import Telemetry
 from ragtrace_collector.stores.session import create_session_store
 
 from ._spans import make_span

@@ -15,6 +15,7 @@ from opentelemetry.proto.resource.v1 import resource_pb2
 from ragtrace import semconv
 from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
 from ragtrace_collector.cases import ContextItem, Conversation, Turn
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
 from ragtrace_collector.evaluation.evaluator import EvaluationConfig, OnlineEvaluator
 from ragtrace_collector.evaluation.sampling import Sampler, SamplingConfig
@@ -24,7 +25,6 @@ from ragtrace_collector.metrics import MetricOptions, build_metric, build_metric
 from ragtrace_collector.otlp.codec import SpanGroup
 from ragtrace_collector.otlp.spanattrs import attributes_to_dict, set_attribute
 from ragtrace_collector.results import MetricResult
-from ragtrace_collector.service.telemetry import Telemetry
 from ragtrace_collector.stores.session import SessionStoreConfig, create_session_store
 
 from ._spans import make_span

@@ -13,6 +13,7 @@ import pytest
 
 from ragtrace import semconv
 from ragtrace_collector.cases import Conversation
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.evaluation.enrichment import EnrichmentConfig
 from ragtrace_collector.evaluation.evaluator import EvaluationConfig, OnlineEvaluator
 from ragtrace_collector.evaluation.sampling import Sampler, SamplingConfig
@@ -20,7 +21,6 @@ from ragtrace_collector.judges.offline import OfflineJudge
 from ragtrace_collector.metrics import MetricOptions, build_metric, build_metrics
 from ragtrace_collector.otlp.spanattrs import set_attribute
 from ragtrace_collector.results import MetricResult
-from ragtrace_collector.service.telemetry import Telemetry
 from ragtrace_collector.stores.session import SessionStoreConfig, create_session_store
 from tests.online_eval.test_evaluator import (
     _OUTCOME,

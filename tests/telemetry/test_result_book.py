@@ -13,7 +13,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from ragtrace_collector.service.telemetry import SCORE_BUCKETS, ResultBook, Telemetry
+from ragtrace_collector.component.telemetry import SCORE_BUCKETS, ResultBook, Telemetry
 
 _CREATED = re.compile(r"^(\S+_created\{[^}]*\}) \S+$", re.MULTILINE)
 

@@ -18,18 +18,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from ragtrace import semconv
 from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
+from ragtrace_collector.component.telemetry import ResultBook, Telemetry
 from ragtrace_collector.config import ConfigError, parse_config
-from ragtrace_collector.evaluation.segments import (
-    OTHER,
-    UNSET,
-    SegmentKey,
-    Segments,
-    prometheus_label,
-)
-from ragtrace_collector.evaluation.stage import build_stage
+from ragtrace_collector.evaluation.segments import Segments
 from ragtrace_collector.otlp.codec import SpanGroup
 from ragtrace_collector.otlp.spanattrs import attributes_to_dict, set_attributes
-from ragtrace_collector.service.telemetry import ResultBook, Telemetry
+from ragtrace_collector.segments import OTHER, UNSET, SegmentKey, prometheus_label
+from ragtrace_collector.service.stages import build_stage
 from tests.online_eval._spans import make_span
 
 

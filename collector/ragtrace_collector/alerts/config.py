@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -43,6 +42,7 @@ from pydantic import (
     model_validator,
 )
 
+from ragtrace_collector.configbase import check_one_auth_source
 from ragtrace_collector.units import Duration, format_duration, parse_duration
 
 __all__ = [
@@ -57,7 +57,6 @@ __all__ = [
     "Rule",
     "TrailingBaseline",
     "WebhookConfig",
-    "check_one_auth_source",
     "format_duration",
     "parse_duration",
 ]
@@ -380,17 +379,6 @@ class _Retrying(BaseModel):
     def _one_auth_source(self) -> _Retrying:
         check_one_auth_source(self.url, self.headers)
         return self
-
-
-def check_one_auth_source(url: str, headers: Mapping[str, str]) -> None:
-    """Credentials in the URL (``https://user:pass@host``) and an ``Authorization``
-    header cannot both be sent: refuse the combination when the config is read rather
-    than fail every request."""
-    if urlsplit(url).username is not None and any(k.lower() == "authorization" for k in headers):
-        raise ValueError(
-            "credentials in the URL and an Authorization header cannot be used together; "
-            "keep one of them"
-        )
 
 
 class WebhookConfig(_Retrying):

@@ -98,9 +98,9 @@ from ragtrace_collector.alerts.config import (
 from ragtrace_collector.alerts.events import AlertEvent, SegmentMean
 from ragtrace_collector.alerts.notifiers import Notifier, build_notifiers
 from ragtrace_collector.alerts.stats import Summary, TestResult, one_sample_less, welch_less
-from ragtrace_collector.evaluation.segments import UNSET, SegmentKey
-from ragtrace_collector.service.component import Component, Status
-from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.component import Component, Status
+from ragtrace_collector.component.telemetry import Telemetry
+from ragtrace_collector.segments import UNSET, SegmentKey
 
 __all__ = ["DetectorStatus", "DropDetector", "RuleStatus"]
 

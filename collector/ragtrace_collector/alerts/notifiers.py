@@ -30,8 +30,8 @@ from ragtrace_collector.alerts.config import (
     WebhookConfig,
 )
 from ragtrace_collector.alerts.events import AlertEvent, iso8601, segment_text
-from ragtrace_collector.evaluation.segments import prometheus_label
-from ragtrace_collector.service.component import Component, Status
+from ragtrace_collector.component import Component, Status
+from ragtrace_collector.segments import prometheus_label
 
 __all__ = [
     "AlertmanagerNotifier",

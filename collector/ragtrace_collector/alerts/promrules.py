@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from ragtrace_collector.alerts.config import format_duration, parse_duration
-from ragtrace_collector.evaluation.segments import prometheus_label as segment_label
+from ragtrace_collector.segments import prometheus_label as segment_label
 
 __all__ = [
     "SHIPPED_ALERTS",

@@ -33,6 +33,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ragtrace_collector.assembly.config import AssemblyConfig
+from ragtrace_collector.component import Component, Status
+from ragtrace_collector.component.logs import get_logger
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.otlp.codec import (
     InstrumentationScope,
     Resource,
@@ -40,9 +43,6 @@ from ragtrace_collector.otlp.codec import (
     SpanGroup,
     SplitRequest,
 )
-from ragtrace_collector.service.component import Component, Status
-from ragtrace_collector.service.logs import get_logger
-from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["AssembledTrace", "Assembler", "ReleaseReason"]
 

@@ -93,7 +93,7 @@ __all__ = [
 
 def _log() -> Any:
     # The config imports this module (cases:); structlog loads only when a case fails.
-    from ragtrace_collector.service.logs import get_logger
+    from ragtrace_collector.component.logs import get_logger
 
     return get_logger("case_builder")
 

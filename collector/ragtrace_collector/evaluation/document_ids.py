@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, Protocol
 
 from ragtrace_collector.cases import id_text
+from ragtrace_collector.component.lazylog import LazyLogger
 from ragtrace_collector.conventions.base import ID_DOCUMENT, ID_OUTPUT, Document
-from ragtrace_collector.service.lazylog import LazyLogger
 
 __all__ = [
     "CANDIDATE_SOURCES",

@@ -77,6 +77,9 @@ from typing import Any, NamedTuple, TypeVar
 from ragtrace import semconv
 from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
 from ragtrace_collector.cases import ContextItem, Conversation, Turn
+from ragtrace_collector.component import Component, Status, Supervisor
+from ragtrace_collector.component.logs import get_logger, redact
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.evaluation.case_bounds import case_chars, check_case
 from ragtrace_collector.evaluation.case_builder import (
     BuiltCase,
@@ -102,9 +105,6 @@ from ragtrace_collector.otlp import protowire
 from ragtrace_collector.otlp.codec import Span, SpanGroup
 from ragtrace_collector.otlp.spanattrs import attributes_to_dict
 from ragtrace_collector.results import MetricResult, trusted
-from ragtrace_collector.service.component import Component, Status, Supervisor
-from ragtrace_collector.service.logs import get_logger, redact
-from ragtrace_collector.service.telemetry import Telemetry
 from ragtrace_collector.storage.outputs import Hold, OutputLedger
 from ragtrace_collector.stores.session import (
     SessionStore,

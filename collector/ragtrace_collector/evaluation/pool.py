@@ -35,7 +35,7 @@ Design
 * **Failures.** A worker that dies (killed, crashed) is replaced the same way: the
   metric it was running gets ``error = "worker_lost: ..."`` and is not retried (it may
   be what kills workers); the rest are retried once more, then errored.  A slot task
-  that fails is restarted by the service's :class:`~ragtrace_collector.service.component.Supervisor`
+  that fails is restarted by the service's :class:`~ragtrace_collector.component.Supervisor`
   and its batch goes back to the queue first.  No trace waits forever: every item's
   future is resolved, and the evaluator bounds the wait by ``trace_timeout`` anyway.
 
@@ -59,12 +59,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ragtrace_collector.cases import ContextItem, Conversation, RAGCase
+from ragtrace_collector.component import Component, Status, Supervisor
+from ragtrace_collector.component.logs import get_logger
 from ragtrace_collector.evaluation.case_builder import DocumentSource
 from ragtrace_collector.judges.base import JudgeCallRecord
 from ragtrace_collector.metrics import ConversationMetric, Metric
 from ragtrace_collector.results import Cost, MetricResult, trusted
-from ragtrace_collector.service.component import Component, Status, Supervisor
-from ragtrace_collector.service.logs import get_logger
 
 __all__ = ["Annex", "CaseWork", "EvaluationPool", "PoolStats"]
 

@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ragtrace import semconv
 
 if TYPE_CHECKING:
-    from ragtrace_collector.service.telemetry import Telemetry
+    from ragtrace_collector.component.telemetry import Telemetry
 
 __all__ = [
     "AttributeSource",

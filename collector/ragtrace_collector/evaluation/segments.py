@@ -1,25 +1,12 @@
-"""Score segments: the ``segments:`` section, and the values that label each case's scores.
-
-``segments:`` names attribute keys (``deployment.environment``, ``service.version``,
-``app.index_version``...) whose values split the score metrics and the drop detector's
-series, so that a drop confined to one index version, environment or release is
-reported as that segment's::
-
-    segments:
-      - deployment.environment          # a bare key: at most 20 values (the default)
-      - key: app.index_version
-        max_values: 10
+"""Score segments at run time: the values that label each case's scores (the
+``segments:`` section and its labels are :mod:`ragtrace_collector.segments`).
 
 Where a value is read, for each case: the case span's attributes, then its resource's,
 then the retriever spans under it (the spans its retrieved documents were read from,
 in rank order: the first that has the key).  ``retriever.name`` falls back to the name
 of the first of those spans (the retriever's, or the reranker's when one reordered the
-documents).
-
-Two placeholder values, never dropped scores:
-
-* ``unset``: the case has no such attribute (or an empty one);
-* ``other``: the value is not one of the key's ``max_values`` most frequent ones.
+documents).  A case without the attribute has the value ``unset``; a value that is not
+one of the key's ``max_values`` most frequent ones is ``other``.
 
 **Top values.**  Each key keeps at most ``max_values`` values.  While there is room, a
 new value is kept on sight; after that it is counted (with the values kept) and a value
@@ -28,116 +15,26 @@ next rebalance (every ``_REBALANCE_EVERY`` cases; counts then halve, so the top 
 the traffic).  The value that lost its place is reported through ``on_evict`` so the
 score metrics forget its series.  Memory per key: ``max_values`` kept plus at most
 ``max_values`` counted candidates.
-
-**Labels.**  The Prometheus label of a key is its Prometheus-safe form: every character
-outside ``[a-zA-Z0-9_]`` becomes ``_`` (``service.version`` -> ``service_version``), and
-a leading digit gets a ``_`` in front.  A label that collides with one the collector
-already uses (``service``, ``metric``, ``outcome``, ``le``...) or with another key's
-label is a configuration error.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Annotated, Any
+from typing import Any
 
 from opentelemetry.proto.trace.v1 import trace_pb2
-from pydantic import AfterValidator, BeforeValidator, Field
 
 from ragtrace import semconv
-from ragtrace_collector.configbase import StrictModel
 from ragtrace_collector.otlp.spanattrs import any_value_to_python
+from ragtrace_collector.segments import OTHER, UNSET, SegmentKey
 
-__all__ = [
-    "OTHER",
-    "RESERVED_LABELS",
-    "UNSET",
-    "SegmentKey",
-    "SegmentValues",
-    "Segments",
-    "SegmentsConfig",
-    "prometheus_label",
-]
+__all__ = ["SegmentValues", "Segments"]
 
-#: The value of a case that has no such attribute.
-UNSET = "unset"
-#: The value standing for every value beyond a key's ``max_values``.
-OTHER = "other"
-#: Labels the score metrics and the alerts already use: a segment cannot take them.
-RESERVED_LABELS = frozenset(
-    {
-        "service",
-        "metric",
-        "outcome",
-        "le",
-        "quantile",
-        "rule",
-        "alertname",
-        "severity",
-        "job",
-        "instance",
-        "notifier",
-    }
-)
 #: Label values are cut to this many characters (a very long attribute value would
 #: otherwise make every scrape carry it).
 _MAX_VALUE_CHARS = 128
 #: Cases between two rebalances of a key's top values.
 _REBALANCE_EVERY = 1000
-_UNSAFE = re.compile(r"[^a-zA-Z0-9_]")
-
-
-def prometheus_label(key: str) -> str:
-    """The Prometheus label of an attribute key: ``service.version`` -> ``service_version``."""
-    label = _UNSAFE.sub("_", key)
-    return "_" + label if label[:1].isdigit() else label
-
-
-class SegmentKey(StrictModel):
-    """One segment key: an attribute whose values label the scores."""
-
-    key: str = Field(min_length=1, max_length=200, description="The attribute key.")
-    max_values: int = Field(
-        default=20,
-        ge=1,
-        le=1000,
-        description="Values kept for this key (the most frequent); the others count as `other`.",
-    )
-
-    @property
-    def label(self) -> str:
-        return prometheus_label(self.key)
-
-
-def _key_input(value: Any) -> Any:
-    return {"key": value} if isinstance(value, str) else value
-
-
-def _check_keys(keys: list[SegmentKey]) -> list[SegmentKey]:
-    seen: dict[str, str] = {}
-    for entry in keys:
-        label = entry.label
-        if label in RESERVED_LABELS or label.startswith("__"):
-            raise ValueError(
-                f"segment {entry.key!r}: its Prometheus label {label!r} is one the collector "
-                "already uses"
-            )
-        if label in seen:
-            other = seen[label]
-            raise ValueError(
-                f"segments {other!r} and {entry.key!r} have the same Prometheus label {label!r}"
-                if other != entry.key
-                else f"segment {entry.key!r} is listed twice"
-            )
-        seen[label] = entry.key
-    return keys
-
-
-#: The ``segments:`` section: a list of keys (strings, or ``{key, max_values}``).
-SegmentsConfig = Annotated[
-    list[Annotated[SegmentKey, BeforeValidator(_key_input)]], AfterValidator(_check_keys)
-]
 
 
 class SegmentValues:

@@ -34,7 +34,7 @@ delivered.
 **Status and supervision.**  Each exporter is a component (``exporter:<name>``): ``ok``
 after a delivery, ``recoverable_error`` while the backend fails (retryable or not), and
 back to ``ok`` on the next delivery.  Its workers run under the service's
-:class:`~ragtrace_collector.service.component.Supervisor`.  The backend's answers are untrusted:
+:class:`~ragtrace_collector.component.Supervisor`.  The backend's answers are untrusted:
 a ``partial_success`` whose ``rejected_spans`` is negative or larger than the batch is
 clamped (and logged), an answer that does not decode is logged, and an unexpected
 exception in a worker puts the batch it held back at the front of the queue before the
@@ -54,11 +54,11 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
+from ragtrace_collector.component import Component, Status, Supervisor
+from ragtrace_collector.component.logs import get_logger
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.exporters.config import ExporterConfig, RetryConfig
 from ragtrace_collector.otlp.codec import ExportTraceServiceResponse, SpanGroup
-from ragtrace_collector.service.component import Component, Status, Supervisor
-from ragtrace_collector.service.logs import get_logger
-from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["ExportError", "Exporter", "UndecodableAnswer", "backoff_delays", "rejected_in_answer"]
 

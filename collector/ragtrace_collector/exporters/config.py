@@ -9,12 +9,12 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from ragtrace_collector.alerts.config import check_one_auth_source
 from ragtrace_collector.configbase import (
     ByteSize,
     Duration,
     StrictModel,
     check_file,
+    check_one_auth_source,
     split_host_port,
 )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ragtrace_collector.component import Supervisor
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.exporters.base import Exporter
 from ragtrace_collector.exporters.config import (
     ExporterConfig,
@@ -10,8 +12,6 @@ from ragtrace_collector.exporters.config import (
     OtlpHttpExporterConfig,
     PhoenixExporterConfig,
 )
-from ragtrace_collector.service.component import Supervisor
-from ragtrace_collector.service.telemetry import Telemetry
 from ragtrace_collector.storage.fileops import FsyncPolicy
 
 __all__ = ["build_exporter"]

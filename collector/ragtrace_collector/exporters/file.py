@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+from ragtrace_collector.component import Supervisor
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.exporters.base import Exporter, ExportError
 from ragtrace_collector.exporters.config import FileExporterConfig
 from ragtrace_collector.otlp.codec import SpanGroup, build_request, encode_json
-from ragtrace_collector.service.component import Supervisor
-from ragtrace_collector.service.telemetry import Telemetry
 from ragtrace_collector.storage.fileops import FileOps, FsyncPolicy, sync_directory, write_all
 
 __all__ = ["FileExporter", "FsyncPolicy", "rotated_paths"]

@@ -14,6 +14,8 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
+from ragtrace_collector.component import Supervisor
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.exporters.base import (
     Exporter,
     ExportError,
@@ -27,8 +29,6 @@ from ragtrace_collector.otlp.codec import (
     build_request,
     retry_delay_from_status,
 )
-from ragtrace_collector.service.component import Supervisor
-from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["OtlpGrpcExporter", "retry_delay_from_metadata"]
 

@@ -23,6 +23,8 @@ import aiohttp
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
+from ragtrace_collector.component import Supervisor
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.exporters.base import (
     Exporter,
     ExportError,
@@ -40,8 +42,6 @@ from ragtrace_collector.otlp.codec import (
     SpanGroup,
     build_request,
 )
-from ragtrace_collector.service.component import Supervisor
-from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["OtlpHttpExporter", "client_ssl_context", "parse_retry_after"]
 

@@ -50,6 +50,8 @@ from typing import Any, Final
 import aiohttp
 
 from ragtrace import semconv
+from ragtrace_collector.component import Supervisor
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.evaluation.document_verdicts import decode_verdicts
 from ragtrace_collector.evaluation.enrichment import annotator_kind, is_carrier
 from ragtrace_collector.exporters.config import PhoenixExporterConfig
@@ -60,8 +62,6 @@ from ragtrace_collector.exporters.otlp_http import (
 )
 from ragtrace_collector.otlp.codec import Span, SpanGroup, build_request
 from ragtrace_collector.otlp.spanattrs import any_value_to_python, set_attribute
-from ragtrace_collector.service.component import Supervisor
-from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["PhoenixAnnotations", "PhoenixExporter", "is_carrier", "read_annotations"]
 

@@ -55,6 +55,7 @@ import httpx
 import structlog
 from pydantic import BaseModel, ValidationError
 
+from ragtrace_collector.component.logs import hold_third_party_loggers, redact
 from ragtrace_collector.judges.base import (
     JudgeAnswer,
     JudgeCallRecord,
@@ -68,7 +69,6 @@ from ragtrace_collector.judges.config import JudgeConfig
 from ragtrace_collector.judges.prompting import PromptError, PromptLibrary, RenderedPrompt
 from ragtrace_collector.judges.repair import parse_json_object
 from ragtrace_collector.results import Cost
-from ragtrace_collector.service.logs import hold_third_party_loggers, redact
 
 __all__ = ["JudgeStats", "LLMJudge", "answer_byte_limit"]
 

@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Final
 
-from ragtrace_collector.service.logs import get_logger
+from ragtrace_collector.component.logs import get_logger
 
 __all__ = ["ConnectionGuard"]
 

@@ -30,6 +30,10 @@ from typing import Any, Final
 
 import grpc
 
+from ragtrace_collector.component import Component, Status
+from ragtrace_collector.component.consumer import Refused, TraceConsumer
+from ragtrace_collector.component.logs import get_logger
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.configbase import split_host_port
 from ragtrace_collector.otlp.codec import (
     OtlpDecodeError,
@@ -41,10 +45,6 @@ from ragtrace_collector.otlp.codec import (
 from ragtrace_collector.receivers.auth import BearerAuth
 from ragtrace_collector.receivers.config import GrpcReceiverConfig
 from ragtrace_collector.receivers.decode import Decoder, InflateBudget
-from ragtrace_collector.service.component import Component, Status
-from ragtrace_collector.service.logs import get_logger
-from ragtrace_collector.service.pipeline import Pipeline, Refused
-from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["GrpcReceiver"]
 
@@ -53,7 +53,8 @@ _SERVICE: Final = "opentelemetry.proto.collector.trace.v1.TraceService"
 
 
 class GrpcReceiver(Component):
-    """The OTLP/gRPC server (grpc.aio) feeding a :class:`Pipeline`."""
+    """The OTLP/gRPC server (grpc.aio) feeding the pipeline (a
+    :class:`~ragtrace_collector.component.consumer.TraceConsumer`)."""
 
     component_name = f"receiver:{_RECEIVER}"
 
@@ -61,7 +62,7 @@ class GrpcReceiver(Component):
         self,
         config: GrpcReceiverConfig,
         *,
-        pipeline: Pipeline,
+        pipeline: TraceConsumer,
         auth: BearerAuth,
         telemetry: Telemetry,
         grace: float = 5.0,

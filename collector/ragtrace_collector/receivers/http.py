@@ -39,6 +39,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from google.protobuf.message import Message
 
+from ragtrace_collector.component import Component, Status
+from ragtrace_collector.component.consumer import Refused, TraceConsumer
+from ragtrace_collector.component.logs import get_logger
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.configbase import split_host_port
 from ragtrace_collector.otlp.codec import (
     CODE_INVALID_ARGUMENT,
@@ -57,10 +61,6 @@ from ragtrace_collector.receivers.auth import BearerAuth
 from ragtrace_collector.receivers.config import HttpReceiverConfig, ServerTLSConfig
 from ragtrace_collector.receivers.connections import ConnectionGuard
 from ragtrace_collector.receivers.decode import BodyError, Decoder, InflateBudget
-from ragtrace_collector.service.component import Component, Status
-from ragtrace_collector.service.logs import get_logger
-from ragtrace_collector.service.pipeline import Pipeline, Refused
-from ragtrace_collector.service.telemetry import Telemetry
 
 __all__ = ["HttpReceiver", "server_ssl_context"]
 
@@ -79,7 +79,8 @@ def server_ssl_context(tls: ServerTLSConfig) -> ssl.SSLContext:
 
 
 class HttpReceiver(Component):
-    """The OTLP/HTTP server (aiohttp) feeding a :class:`Pipeline`."""
+    """The OTLP/HTTP server (aiohttp) feeding the pipeline (a
+    :class:`~ragtrace_collector.component.consumer.TraceConsumer`)."""
 
     component_name = f"receiver:{_RECEIVER}"
 
@@ -87,7 +88,7 @@ class HttpReceiver(Component):
         self,
         config: HttpReceiverConfig,
         *,
-        pipeline: Pipeline,
+        pipeline: TraceConsumer,
         auth: BearerAuth,
         telemetry: Telemetry,
         grace: float = 5.0,

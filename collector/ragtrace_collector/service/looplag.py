@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ragtrace_collector.service.component import Component, Status, Supervisor
-from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.component import Component, Status, Supervisor
+from ragtrace_collector.component.telemetry import Telemetry
 
 __all__ = ["LoopLagMonitor"]
 

@@ -93,6 +93,9 @@ from google.protobuf.message import Message
 
 from ragtrace_collector.assembly.assembler import AssembledTrace, Assembler, ReleaseReason
 from ragtrace_collector.assembly.config import AssemblyConfig
+from ragtrace_collector.component.consumer import Refused
+from ragtrace_collector.component.logs import get_logger
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.evaluation.enrichment import is_carrier
 from ragtrace_collector.exporters.base import Exporter
 from ragtrace_collector.otlp.codec import (
@@ -104,8 +107,6 @@ from ragtrace_collector.otlp.codec import (
     decode_protobuf_request,
     split_request,
 )
-from ragtrace_collector.service.logs import get_logger
-from ragtrace_collector.service.telemetry import Telemetry
 from ragtrace_collector.storage.outputs import (
     KIND_DELIVERED,
     KIND_OUTPUT,
@@ -123,7 +124,6 @@ __all__ = [
     "Forward",
     "PassThroughProcessor",
     "Pipeline",
-    "Refused",
     "ReleaseReason",
     "ShutdownReport",
     "TraceProcessor",
@@ -154,18 +154,6 @@ class PassThroughProcessor:
 
     async def drain(self) -> None:
         return None
-
-
-class Refused(Exception):
-    """The pipeline cannot take a request now; the client should retry later."""
-
-    def __init__(self, reason: str, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        #: ``queue_full``, ``processor_busy``, ``storage_full``, ``storage_error`` or
-        #: ``shutting_down``.
-        self.reason = reason
-        self.message = message
-        self.retry_after = retry_after
 
 
 @dataclass(slots=True)

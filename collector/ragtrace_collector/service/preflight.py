@@ -7,7 +7,7 @@ that is not evaluated), files to read (the reference file, prompt templates) and
 environment (the judge's API key variable).  :func:`preflight_problems` runs every one
 of them and returns every problem, one line each, naming the key.
 
-``serve`` runs them through :func:`ragtrace_collector.evaluation.stage.build_stage` (which also
+``serve`` runs them through :func:`ragtrace_collector.service.stages.build_stage` (which also
 builds the parts) and refuses to start on any problem; ``check-config`` runs them
 without starting anything, also on the valid sections of a configuration whose other
 sections failed the schema, so that one run reports everything.
@@ -35,7 +35,7 @@ from ragtrace_collector.metrics import (
 )
 
 if TYPE_CHECKING:
-    from ragtrace_collector.service.component import Supervisor
+    from ragtrace_collector.component import Supervisor
     from ragtrace_collector.stores.reference import ReferenceStore
 
 __all__ = [

@@ -31,20 +31,21 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ragtrace_collector.admin.server import AdminServer
+from ragtrace_collector.component import ComponentHost, Status, Supervisor
+from ragtrace_collector.component.logs import configure_logging, get_logger, redact
+from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.config import CollectorConfig, ConfigError, load_config
-from ragtrace_collector.evaluation.stage import EvaluationStage, build_stage
+from ragtrace_collector.evaluation.stage import EvaluationStage
 from ragtrace_collector.exporters import Exporter, build_exporter
 from ragtrace_collector.receivers.auth import BearerAuth
 from ragtrace_collector.receivers.decode import Decoder
 from ragtrace_collector.receivers.grpc import GrpcReceiver
 from ragtrace_collector.receivers.http import HttpReceiver
-from ragtrace_collector.service.admin import AdminServer
-from ragtrace_collector.service.component import ComponentHost, Status, Supervisor
-from ragtrace_collector.service.logs import configure_logging, get_logger, redact
 from ragtrace_collector.service.looplag import LoopLagMonitor
 from ragtrace_collector.service.pipeline import PassThroughProcessor, Pipeline, TraceProcessor
 from ragtrace_collector.service.ports import Endpoint, StartupError, bind_problem, port_problems
-from ragtrace_collector.service.telemetry import Telemetry
+from ragtrace_collector.service.stages import build_stage
 from ragtrace_collector.storage import Storage
 from ragtrace_collector.storage.spill import write_spill
 

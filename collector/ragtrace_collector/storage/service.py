@@ -62,9 +62,9 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from google.protobuf.message import Message
 
+from ragtrace_collector.component import Component, Status
+from ragtrace_collector.component.logs import get_logger
 from ragtrace_collector.otlp.codec import SpanGroup
-from ragtrace_collector.service.component import Component, Status
-from ragtrace_collector.service.logs import get_logger
 from ragtrace_collector.storage.config import StorageConfig
 from ragtrace_collector.storage.outputs import (
     KIND_DELIVERED,
@@ -83,7 +83,7 @@ from ragtrace_collector.storage.wal import (
 )
 
 if TYPE_CHECKING:
-    from ragtrace_collector.service.telemetry import Telemetry
+    from ragtrace_collector.component.telemetry import Telemetry
 
 __all__ = ["Storage", "segment_size_for"]
 

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final, NamedTuple
 
-from ragtrace_collector.service.lazylog import LazyLogger
+from ragtrace_collector.component.lazylog import LazyLogger
 from ragtrace_collector.storage.fileops import (
     FileOps,
     FsyncPolicy,

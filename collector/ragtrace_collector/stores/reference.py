@@ -57,7 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rapidfuzz import fuzz, process
 
 from ragtrace_collector.cases import id_text
-from ragtrace_collector.service.component import Component, Status, Supervisor
+from ragtrace_collector.component import Component, Status, Supervisor
 from ragtrace_collector.units import Duration
 
 __all__ = [

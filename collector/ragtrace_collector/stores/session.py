@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, runtim
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ragtrace_collector.service.component import Component, Status
+from ragtrace_collector.component import Component, Status
 from ragtrace_collector.units import Duration
 
 if TYPE_CHECKING:

@@ -231,7 +231,7 @@ class ResultBook:
     ``_bucket``, ``_count``, ``_sum``, ``_created``).
 
     The segment labels (``segments:`` in the config, see
-    :mod:`ragtrace_collector.evaluation.segments`) are set once with
+    :mod:`ragtrace_collector.segments`) are set once with
     :meth:`set_segment_labels`, before the first result; every result then carries one
     value per label, in that order.  Without segments the labels are service and metric
     (and outcome).

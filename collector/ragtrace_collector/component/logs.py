@@ -1,7 +1,7 @@
 """Structured logs (structlog, JSON lines on stderr) that never leak a secret.
 
-:class:`~ragtrace_collector.service.redaction.Redactor` (in
-:mod:`ragtrace_collector.service.redaction`) is a structlog processor, last before
+:class:`~ragtrace_collector.component.redaction.Redactor` (in
+:mod:`ragtrace_collector.component.redaction`) is a structlog processor, last before
 rendering: secret-named keys, ``Bearer``/``Basic`` credentials, registered secret values
 and credentials inside URLs never reach a line.
 
@@ -21,8 +21,8 @@ from typing import Any, Final, TextIO
 
 import structlog
 
-from ragtrace_collector.service.redaction import REDACTED, Redactor, redact, url_secrets
-from ragtrace_collector.service.redaction import active_redactor as _active_redactor
+from ragtrace_collector.component.redaction import REDACTED, Redactor, redact, url_secrets
+from ragtrace_collector.component.redaction import active_redactor as _active_redactor
 
 __all__ = [
     "REDACTED",

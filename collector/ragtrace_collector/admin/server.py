@@ -1,7 +1,7 @@
 """Admin HTTP port: ``/metrics`` (Prometheus), ``/healthz`` (liveness), ``/readyz``.
 
 Both probes answer from the components' reported statuses
-(:class:`~ragtrace_collector.service.component.ComponentHost`), never from a constant:
+(:class:`~ragtrace_collector.component.ComponentHost`), never from a constant:
 
 * ``/healthz`` (liveness) is 503 when a component is in ``permanent_error``, or has
   been in ``recoverable_error`` longer than ``admin.unhealthy_after``: restarting
@@ -26,10 +26,10 @@ from typing import Any
 
 from aiohttp import web
 
+from ragtrace_collector.admin.config import AdminConfig
+from ragtrace_collector.component.logs import redact
+from ragtrace_collector.component.telemetry import CONTENT_TYPE_LATEST, Telemetry
 from ragtrace_collector.configbase import split_host_port
-from ragtrace_collector.service.config import AdminConfig
-from ragtrace_collector.service.logs import redact
-from ragtrace_collector.service.telemetry import CONTENT_TYPE_LATEST, Telemetry
 
 __all__ = ["AdminServer", "Probe"]
 

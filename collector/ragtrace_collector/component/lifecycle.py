@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ragtrace_collector.service.lazylog import LazyLogger
+from ragtrace_collector.component.lazylog import LazyLogger
 
 __all__ = [
     "Component",

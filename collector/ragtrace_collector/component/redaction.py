@@ -14,7 +14,7 @@ tuples, bytes, exceptions):
   query parameter named like a credential (``key``, ``token``, ``secret``,
   ``password``, ``signature``, ``sig``, ``auth``, ``credential``...).
 
-It lives apart from :mod:`ragtrace_collector.service.logs` so that config checks and error
+It lives apart from :mod:`ragtrace_collector.component.logs` so that config checks and error
 rendering (``check-config``, ``--help``) can redact without importing structlog.
 """
 

@@ -2,7 +2,7 @@
 
 Modules on the configuration path (``check-config``, ``--help``) build objects that
 may log, but must not import structlog (and rich) just to exist: they hold a
-:class:`LazyLogger`, which imports :mod:`ragtrace_collector.service.logs` the first time a line
+:class:`LazyLogger`, which imports :mod:`ragtrace_collector.component.logs` the first time a line
 is written.
 """
 
@@ -22,7 +22,7 @@ class LazyLogger:
 
     def __getattr__(self, method: str) -> Any:
         if self._logger is None:
-            from ragtrace_collector.service.logs import get_logger
+            from ragtrace_collector.component.logs import get_logger
 
             self._logger = get_logger(self._name)
         return getattr(self._logger, method)
