@@ -60,7 +60,7 @@ Then, with ``--only wal``, the **write-ahead log**:
    run ``--wal-rounds`` times alternately and the best run kept (the machine's noise
    hits both alike).  Target: with the log >= 0.8x without.  The kill -9 figure
    (spans acknowledged, delivered, duplicated) is printed by the crash test,
-   ``tests/collector/test_storage.py::test_kill_9_mid_stream_loses_no_acknowledged_span``
+   ``tests/storage/test_storage.py::test_kill_9_mid_stream_loses_no_acknowledged_span``
    (run it with ``-s``).
 
 Run: ``.venv/bin/python benchmarks/collector_throughput.py`` (``--help`` for options);

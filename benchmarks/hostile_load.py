@@ -49,7 +49,8 @@ from typing import Any
 _ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(_ROOT))
 
-from tests.collector.hostile import (  # noqa: E402
+from tests.e2e._support import JUDGE_KEY_ENV, JUDGE_MODEL, Serve  # noqa: E402
+from tests.fakes.hostile import (  # noqa: E402
     PROTOBUF,
     LoadOutcome,
     Timed,
@@ -63,7 +64,6 @@ from tests.collector.hostile import (  # noqa: E402
     under_load,
     wide_trace,
 )
-from tests.e2e._support import JUDGE_KEY_ENV, JUDGE_MODEL, Serve  # noqa: E402
 
 _TARGET_P99_S = 0.100
 _CASES = ("gzip-members", "rag-15mb", "spans-100k", "judge-10mb")

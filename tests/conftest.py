@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 #: an attribute pytest 9 no longer reads), so the groups are named here.
 XDIST_GROUPS: dict[str, str] = {
     "tests/demo/test_demo.py": "demo",
-    "tests/collector/test_fuzz.py": "fuzz",
-    "tests/collector/test_phoenix.py": "phoenix",
+    "tests/receivers/test_fuzz.py": "fuzz",
+    "tests/exporters/test_phoenix.py": "phoenix",
     "tests/e2e/test_phoenix_eval.py": "phoenix",
     "tests/e2e/test_phoenix_annotations.py": "phoenix",
 }

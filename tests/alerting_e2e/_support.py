@@ -43,7 +43,7 @@ from examples.support_bot.data import GoldenItem, load_golden
 from ragtrace import semconv
 from ragtrace_collector.config import parse_config
 from ragtrace_collector.service.server import CollectorService
-from tests.collector.harness import CollectorThread, http_get
+from tests.fakes.harness import CollectorThread, http_get
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 from tests.fakes.services import free_port, get_json
 

@@ -24,7 +24,7 @@ from tests.alerting_e2e._support import (
     scrape,
 )
 from tests.alerts.dashboard import load_dashboard, metric_names, queries, variable_selectors
-from tests.collector.harness import wait_for
+from tests.fakes.harness import wait_for
 from tests.fakes.otlp_sink import OtlpSink
 
 pytestmark = pytest.mark.timeout(90)

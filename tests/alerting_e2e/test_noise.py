@@ -36,7 +36,7 @@ from tests.alerting_e2e._support import (
     hook_receiver,
     scrape,
 )
-from tests.collector.harness import wait_for
+from tests.fakes.harness import wait_for
 from tests.fakes.otlp_sink import OtlpSink
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -39,7 +39,7 @@ from tests.alerting_e2e._support import (
     hook_receiver,
 )
 from tests.fakes.otlp_sink import OtlpSink
-from tests.online_eval._spans import make_span
+from tests.fakes.spans import make_span
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ragtrace import semconv
 from ragtrace_collector.config import CollectorConfig
 from ragtrace_collector.service.server import CollectorService
-from tests.collector.harness import (
+from tests.fakes.harness import (
     CollectorThread,
     ServeProcess,
     collector_config,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.collector.harness import COLLECTOR
+from tests.fakes.harness import COLLECTOR
 from tests.fakes.ports import free_port
 
 #: A reference file that exists but does not parse (a missing one is only a status).

@@ -27,7 +27,6 @@ import ragtrace
 from ragtrace import semconv
 from ragtrace_collector.exporters.phoenix import PhoenixAnnotations, read_annotations
 from ragtrace_collector.otlp.codec import decode_protobuf_request, iter_spans
-from tests.collector.harness import wait_for
 from tests.e2e import _app
 from tests.e2e._support import (
     JUDGE_KEY_ENV,
@@ -39,6 +38,7 @@ from tests.e2e._support import (
     serve_config,
 )
 from tests.e2e.test_reliability import _questions, _send
+from tests.fakes.harness import wait_for
 from tests.fakes.openai_server import RecordedRequest, Reply, auto_reply
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 from tests.fakes.ports import free_port

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 import ragtrace
-from tests.collector.harness import COLLECTOR
 from tests.e2e import _app
+from tests.fakes.harness import COLLECTOR
 from tests.fakes.services import free_port
 
 #: One distinct secret per place, so a leak names its source.

@@ -26,10 +26,10 @@ from ragtrace_collector.exporters.config import PhoenixExporterConfig
 from ragtrace_collector.exporters.phoenix import PhoenixExporter
 from ragtrace_collector.otlp.codec import SpanGroup, decode_json_request, iter_spans, split_request
 from ragtrace_collector.otlp.spanattrs import attributes_to_dict
-from tests.collector.harness import collector_config
 from tests.e2e import _app
 from tests.e2e._app import KB
 from tests.e2e._support import evaluating_collector
+from tests.fakes.harness import collector_config
 from tests.fakes.phoenix import PhoenixServer
 
 # Phoenix's start (shared, but counted in the first test), the traffic and two

@@ -9,10 +9,10 @@ import pytest
 
 import ragtrace
 from ragtrace import semconv
-from tests.collector.harness import collector_config
 from tests.e2e import _app
 from tests.e2e._app import KB
 from tests.e2e._support import evaluating_collector
+from tests.fakes.harness import collector_config
 from tests.fakes.phoenix import PhoenixServer
 
 # tests/conftest.py keeps every Phoenix test on one xdist worker: one Phoenix start.

@@ -12,7 +12,6 @@ import pytest
 
 import ragtrace
 from ragtrace import semconv
-from tests.collector.harness import wait_for
 from tests.e2e import _app
 from tests.e2e._support import (
     EvalCollector,
@@ -28,6 +27,7 @@ from tests.e2e._support import (
     sample,
     serve_config,
 )
+from tests.fakes.harness import wait_for
 from tests.fakes.openai_server import RecordedRequest, Reply, auto_reply
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 

@@ -15,9 +15,9 @@ import pytest
 
 import ragtrace
 from ragtrace import semconv
-from tests.collector.harness import admin_json
 from tests.e2e import _app
 from tests.e2e._support import EvalCollector, eval_config, evaluating_collector, flat, rag_spans
+from tests.fakes.harness import admin_json
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 from tests.fakes.redis_server import RedisServer
 

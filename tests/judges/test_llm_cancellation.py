@@ -32,8 +32,8 @@ from ragtrace_collector.otlp.codec import SpanGroup
 from ragtrace_collector.otlp.spanattrs import attributes_to_dict
 from ragtrace_collector.stores.session import SessionStoreConfig, create_session_store
 from tests.fakes.openai_server import FakeOpenAIServer, RecordedRequest, Reply, auto_reply
+from tests.fakes.spans import make_span
 from tests.judges.conftest import MakeJudge
-from tests.online_eval._spans import make_span
 
 CONTEXTS = ("Node one.", "Node two.", "Node three.")
 HANG_S = 120.0  # far beyond anything a test waits for

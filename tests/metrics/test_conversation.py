@@ -18,8 +18,7 @@ from ragtrace_collector.metrics import (
     split_units,
     unit_index_of_turn,
 )
-
-from .conftest import ScriptedJudge
+from tests.fakes.judge import ScriptedJudge
 
 
 def U(text: str) -> Turn:
@@ -166,7 +165,7 @@ async def test_no_windows_and_missing_outcome_are_skipped() -> None:
 
 
 async def test_turn_metric_on_a_single_case_is_skipped() -> None:
-    from .conftest import case
+    from tests.fakes.judge import case
 
     result = await build_metric("turn_contextual_recall").measure(case(), ScriptedJudge({}))
     assert result.skipped

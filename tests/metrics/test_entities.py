@@ -10,8 +10,7 @@ import pytest
 from ragtrace_collector.judges.base import EntityExtractionRequest, JudgeError, JudgeTask
 from ragtrace_collector.metrics import EntityCache, build_metric, normalise_entity
 from ragtrace_collector.metrics.entities import ContextEntityRecall
-
-from .conftest import ScriptedJudge, case
+from tests.fakes.judge import ScriptedJudge, case
 
 REFERENCE = "The Taj Mahal ..."  # the scripted judge decides the entities
 

@@ -8,8 +8,7 @@ import pytest
 
 from ragtrace_collector.cases import ContextItem, RAGCase
 from ragtrace_collector.metrics import build_metric
-
-from .conftest import case
+from tests.fakes.judge import case
 
 
 @pytest.mark.parametrize(

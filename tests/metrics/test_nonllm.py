@@ -6,8 +6,7 @@ import pytest
 from rapidfuzz.distance import Levenshtein
 
 from ragtrace_collector.metrics import build_metric
-
-from .conftest import case
+from tests.fakes.judge import case
 
 PARIS = "Paris is the capital of France."
 EIFFEL = "The Eiffel Tower is one of the most famous landmarks in Paris."

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ragtrace_collector.metrics import average_precision, build_metric
-
-from .conftest import ScriptedJudge, case, usefulness
+from tests.fakes.judge import ScriptedJudge, case, usefulness
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,7 @@ import pytest
 from ragtrace_collector.judges.base import JudgeError
 from ragtrace_collector.metrics import build_metric, normalise_verdict
 from ragtrace_collector.results import Cost
-
-from .conftest import ScriptedJudge, case, verdicts
+from tests.fakes.judge import ScriptedJudge, case, verdicts
 
 CASE = case(expected_output="Paris is the capital. It is in France.", contexts=["Paris ..."])
 

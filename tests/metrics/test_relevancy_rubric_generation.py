@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 
 from ragtrace_collector.metrics import build_metric
-
-from .conftest import ScriptedJudge, case
+from tests.fakes.judge import ScriptedJudge, case
 
 
 def _relevance(*nodes: list[str]) -> dict[str, Any]:

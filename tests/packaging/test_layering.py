@@ -185,3 +185,30 @@ def test_the_check_finds_a_circle_through_a_third_package(tmp_path: Path) -> Non
     assert cycles(found) == [["a", "b", "c"]]
     assert "d" not in cycles(found)[0]
     assert found["c"]["a"] == ["ragtrace_collector/c/m.py:3 imports ragtrace_collector.a"]
+
+
+#: Test folders that are not named after one package: the SDK's, what crosses every
+#: package (end to end, real frameworks, the demo, the shipped files), and test support.
+CROSS_CUTTING_TEST_FOLDERS = frozenset(
+    {
+        "sdk",
+        "e2e",
+        "alerting_e2e",
+        "frameworks",
+        "demo",
+        "docker",
+        "docs",
+        "examples",
+        "packaging",
+        "scripts",
+        "fakes",
+    }
+)
+
+
+def test_test_folders_are_named_after_the_packages_they_test() -> None:
+    tests = ROOT.parents[1] / "tests"
+    units = {p.stem for p in ROOT.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    stray = sorted(folders - units - CROSS_CUTTING_TEST_FOLDERS)
+    assert not stray, f"tests/ folders named after no collector package: {stray}"

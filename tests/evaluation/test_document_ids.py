@@ -1,0 +1,336 @@
+"""Which id of a retrieved document is compared with the reference ids
+(``cases.document_id``, the automatic switch, generated ids, the overlap watch)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+import pytest
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.resource.v1 import resource_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from ragtrace import semconv
+from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
+from ragtrace_collector.component import ComponentHost
+from ragtrace_collector.component.telemetry import Telemetry
+from ragtrace_collector.config import ConfigError, parse_config
+from ragtrace_collector.evaluation.case_builder import (
+    BuiltCase,
+    CaseRules,
+    CasesConfig,
+    build_cases,
+)
+from ragtrace_collector.evaluation.document_ids import DocumentIds, IdOverlapWatch, looks_generated
+from ragtrace_collector.evaluation.pool import _pack_payload, _unpack_case
+from ragtrace_collector.metrics import build_metric
+from ragtrace_collector.metrics.base import JudgeFreeMetric
+from ragtrace_collector.otlp.codec import SpanGroup
+from ragtrace_collector.otlp.spanattrs import attributes_to_dict, set_attributes
+from ragtrace_collector.service.stages import build_stage
+from tests.fakes.spans import named_span
+
+
+def _doc_attrs(docs: list[tuple[str | None, dict[str, Any]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {semconv.OPENINFERENCE_SPAN_KIND: "RETRIEVER"}
+    for i, (doc_id, metadata) in enumerate(docs):
+        key = semconv.RETRIEVAL_DOCUMENTS
+        if doc_id is not None:
+            out[semconv.document_attr(key, i, semconv.DOCUMENT_ID)] = doc_id
+        out[semconv.document_attr(key, i, semconv.DOCUMENT_CONTENT)] = f"chunk {i}"
+        if metadata:
+            out[semconv.document_attr(key, i, semconv.DOCUMENT_METADATA)] = json.dumps(metadata)
+    return out
+
+
+def _llama_trace(
+    docs: list[tuple[str | None, dict[str, Any]]], reference: list[str] | None
+) -> list[trace_pb2.Span]:
+    """OpenInference LlamaIndex: a CHAIN query span over a RETRIEVER whose documents
+    have node UUIDs as document.id (as a splitter makes them)."""
+    tid = os.urandom(16)
+    attrs: dict[str, Any] = {
+        semconv.OPENINFERENCE_SPAN_KIND: "CHAIN",
+        semconv.INPUT_VALUE: "How long do refunds take?",
+        semconv.OUTPUT_VALUE: "Five days.",
+    }
+    if reference is not None:
+        attrs[semconv.REFERENCE_CONTEXT_IDS] = json.dumps(reference)
+    root = named_span("RetrieverQueryEngine.query", attrs, tid=tid)
+    return [
+        root,
+        named_span("VectorIndexRetriever.retrieve", _doc_attrs(docs), tid=tid, parent=root),
+    ]
+
+
+def _one(spans: list[trace_pb2.Span], rules: CaseRules, service: str = "svc") -> BuiltCase:
+    [built] = build_cases(spans, rules=rules, service_of=lambda s: service)
+    return built
+
+
+def _score(metric: str, built: BuiltCase) -> tuple[float | None, str]:
+    """The metric's result, checked to agree with its batch (fast) scorer."""
+    scorer = build_metric(metric)
+    assert isinstance(scorer, JudgeFreeMetric)
+    result = scorer.measure_now(built.case)
+    assert scorer.score_column([built.case]).scores == [result.score]
+    return result.score, result.reason
+
+
+def _uuid() -> str:
+    return str(uuid.uuid4())
+
+
+# ------------------------------------------------------------- the default
+def test_node_uuids_switch_to_the_metadata_doc_id_that_matches() -> None:
+    rules = CaseRules()
+    docs = [(_uuid(), {"doc_id": "kb-02"}), (_uuid(), {}), (_uuid(), {"doc_id": "kb-03"})]
+    built = _one(_llama_trace(docs, ["kb-02", "kb-01"]), rules)
+    # the document without a doc_id keeps its (default) id, as a non-reference document
+    assert built.case.retrieved_context_ids == ["kb-02", docs[1][0], "kb-03"]
+    assert built.attributes[semconv.DOCUMENT_ID_SOURCE] == "metadata.doc_id, document.id"
+    on_span = attributes_to_dict(built.span.attributes)
+    assert on_span[semconv.DOCUMENT_ID_SOURCE] == "metadata.doc_id, document.id"
+    assert _score("id_context_recall", built)[0] == pytest.approx(0.5)
+    assert _score("id_context_precision", built)[0] == pytest.approx(1 / 3)
+    assert [s.id for s in built.document_sources or []] == built.case.retrieved_context_ids
+
+
+def test_default_ids_that_match_are_kept() -> None:
+    rules = CaseRules()
+    docs = [("kb-01", {"doc_id": "other-1"}), ("kb-09", {"doc_id": "other-2"})]
+    built = _one(_llama_trace(docs, ["kb-01"]), rules)
+    assert built.case.retrieved_context_ids == ["kb-01", "kb-09"]
+    assert built.attributes[semconv.DOCUMENT_ID_SOURCE] == "document.id"
+
+
+def test_the_best_matching_source_wins_and_the_service_remembers_it() -> None:
+    rules = CaseRules()
+    docs = [("node-1", {"ref_doc_id": "kb-01", "chunk_id": "kb-01#3"})]
+    built = _one(_llama_trace(docs, ["kb-01"]), rules, service="shop")
+    assert built.case.retrieved_context_ids == ["kb-01"]
+    # a later case of the same service that matches nothing keeps the kind of id
+    miss = [("node-2", {"ref_doc_id": "kb-07", "chunk_id": "kb-07#1"})]
+    later = _one(_llama_trace(miss, ["kb-01"]), rules, service="shop")
+    assert later.case.retrieved_context_ids == ["kb-07"]
+    assert _score("id_context_recall", later)[0] == 0.0
+    # another service has not switched
+    other = _one(_llama_trace(miss, ["kb-01"]), rules, service="blog")
+    assert other.case.retrieved_context_ids == ["node-2"]
+
+
+def test_no_reference_ids_no_switch() -> None:
+    built = _one(_llama_trace([("n-1", {"doc_id": "kb-1"})], None), CaseRules())
+    assert built.case.retrieved_context_ids == ["n-1"]
+    assert semconv.DOCUMENT_ID_SOURCE not in built.attributes
+
+
+# ------------------------------------------------------------ generated ids
+def test_generated_ids_against_document_names_are_skipped_with_the_reason() -> None:
+    rules = CaseRules()
+    docs = [(_uuid(), {}), ("a" * 64, {})]  # a LlamaIndex node UUID, a Haystack SHA-256
+    built = _one(_llama_trace(docs, ["kb-01", "kb-02"]), rules)
+    for metric in ("id_context_recall", "id_context_precision"):
+        score, reason = _score(metric, built)
+        assert score is None
+        assert "framework generated" in reason
+        assert "cases.document_id" in reason
+    # the same kind on both sides is compared (a real 0)
+    refs = [_uuid()]
+    same = _one(_llama_trace(docs, refs), rules)
+    assert _score("id_context_recall", same)[0] == 0.0
+
+
+def test_a_user_id_beats_a_generated_one_even_with_no_overlap() -> None:
+    built = _one(_llama_trace([(_uuid(), {"doc_id": "kb-05"})], ["kb-01"]), CaseRules())
+    assert built.case.retrieved_context_ids == ["kb-05"]
+    assert built.case.retrieved_ids_mismatch is None
+    assert _score("id_context_recall", built)[0] == 0.0
+
+
+def test_looks_generated() -> None:
+    assert looks_generated(_uuid())
+    assert looks_generated(_uuid().upper())
+    assert looks_generated("0123456789abcdef" * 4)
+    assert not looks_generated("kb-01")
+    assert not looks_generated("deadbeef")
+
+
+def test_the_mismatch_crosses_to_the_worker_processes() -> None:
+    built = _one(_llama_trace([(_uuid(), {})], ["kb-01"]), CaseRules())
+    unpacked = _unpack_case(_pack_payload("case", built.case))
+    assert unpacked.retrieved_ids_mismatch == built.case.retrieved_ids_mismatch is not None
+
+
+# ------------------------------------------------------------ configuration
+def test_configured_sources_are_used_in_order_without_switching() -> None:
+    rules = CaseRules(CasesConfig(document_id=["metadata.doc_id", "document.id"]))
+    docs = [("n-1", {"doc_id": "kb-1"}), ("n-2", {})]
+    built = _one(_llama_trace(docs, ["n-1"]), rules)  # n-1 would match: not switched back
+    assert built.case.retrieved_context_ids == ["kb-1", "n-2"]
+    assert built.attributes[semconv.DOCUMENT_ID_SOURCE] == "metadata.doc_id, document.id"
+    nested = CaseRules(CasesConfig(document_id=["metadata.source.id"]))
+    built = _one(_llama_trace([("n-1", {"source": {"id": 7}})], ["7"]), nested)
+    assert built.case.retrieved_context_ids == ["7"]
+
+
+def test_sources_per_convention() -> None:
+    rules = CaseRules(CasesConfig(document_id={"genai": ["metadata.doc_id"]}))
+    built = _one(_llama_trace([("n-1", {"doc_id": "kb-1"})], None), rules)
+    assert built.case.retrieved_context_ids == ["n-1"]  # openinference: the default
+    rules = CaseRules(CasesConfig(document_id={"openinference": ["metadata.doc_id"]}))
+    built = _one(_llama_trace([("n-1", {"doc_id": "kb-1"})], None), rules)
+    assert built.case.retrieved_context_ids == ["kb-1"]
+
+
+def test_document_id_config_errors() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"cases": {"document_id": ["documnet.id"]}})
+    assert "did you mean 'document.id'?" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        parse_config({"cases": {"document_id": ["metadata."]}})
+    assert "unknown document id source 'metadata.'" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        parse_config({"cases": {"document_id": {"openinferance": ["document.id"]}}})
+    assert "did you mean 'openinference'?" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        parse_config({"cases": {"document_id": []}})
+    assert "at least one id source" in str(info.value)
+    with pytest.raises(ConfigError):
+        parse_config({"cases": {"id_overlap_window": 0}})
+    ok = parse_config({"cases": {"document_id": ["metadata.doc_id", "output.id"]}})
+    assert ok.cases.document_id == ["metadata.doc_id", "output.id"]
+
+
+# ----------------------------------------------------------- overlap watch
+class _Gauge:
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+
+    def labels(self, service: str) -> Any:
+        values = self.values
+
+        class _Child:
+            def set(self, value: float) -> None:
+                values[service] = value
+
+        return _Child()
+
+
+def test_watch_warns_after_a_full_window_without_overlap_and_recovers() -> None:
+    gauge = _Gauge()
+    watch = IdOverlapWatch(3, gauge)
+    watch.observe("shop", ["a"], ["a"], "document.id")
+    watch.observe("shop", ["n-1", "n-2"], ["kb-1", "kb-2"], "document.id")
+    watch.observe("shop", ["n-3"], ["kb-3"], "document.id")
+    assert gauge.values["shop"] == pytest.approx(1 / 3)
+    assert watch.warning() is None  # the window still holds an overlapping case
+    watch.observe("shop", ["n-4"], ["kb-4"], "document.id")
+    assert gauge.values["shop"] == 0.0
+    warning = watch.warning()
+    assert warning is not None
+    for part in ("'shop'", "last 3", "n-4", "kb-4", "cases.document_id", "retriever"):
+        assert part in warning
+    watch.observe("other", ["x"], ["y"], None)
+    assert "'other'" not in (watch.warning() or "")  # one case is not a full window
+    watch.observe("shop", ["kb-5"], ["kb-5"], "document.id")
+    assert watch.warning() is None
+    assert watch.shares()["shop"] == pytest.approx(1 / 3)
+
+
+def test_watch_off_has_no_warning() -> None:
+    ids = DocumentIds(window=1, watch=False)
+    ids.observe("svc", ["a"], ["b"], None)
+    assert ids.warning() is None
+
+
+def _assembled(spans: list[trace_pb2.Span], service: str) -> AssembledTrace:
+    res = resource_pb2.Resource()
+    kv = res.attributes.add(key="service.name")
+    kv.value.string_value = service
+    group = SpanGroup(res, "", common_pb2.InstrumentationScope(), "", spans)
+    now = time.monotonic()
+    return AssembledTrace(spans[0].trace_id, [group], ReleaseReason.READY, now, now, True)
+
+
+async def test_the_stage_exports_the_overlap_and_warns_on_healthz() -> None:
+    config = parse_config(
+        {
+            "evaluation": {"processes": 0},
+            "metrics": {"id_context_recall": {}},
+            "cases": {"id_overlap_window": 2},
+        }
+    )
+    telemetry = Telemetry()
+    stage = build_stage(config, telemetry)
+    host = ComponentHost(telemetry)
+    host.register(stage.evaluator)
+    stage.start()
+    forwarded: list[AssembledTrace] = []
+    both = asyncio.Event()
+
+    def forward(trace: AssembledTrace) -> None:
+        forwarded.append(trace)
+        if len(forwarded) == 2:
+            both.set()
+
+    try:
+        for n in range(2):  # same kind of id, but the retriever never finds the reference
+            trace = _llama_trace([(f"kb-0{n + 5}", {})], [f"kb-0{n + 1}"])
+            stage.processor.submit(_assembled(trace, "shop"), forward)
+        await asyncio.wait_for(both.wait(), 10)
+    finally:
+        await stage.evaluator.drain()
+        await stage.aclose()
+    assert len(forwarded) == 2
+    for trace in forwarded:  # where the ids were read, next to the scores
+        root = attributes_to_dict(trace.groups[0].spans[0].attributes)
+        assert root[semconv.DOCUMENT_ID_SOURCE] == "document.id"
+        assert root[semconv.eval_attr("id_context_recall", semconv.EVAL_FIELD_SCORE)] == 0.0
+    assert 'ragtrace_reference_id_overlap{service="shop"} 0.0' in telemetry.render().decode()
+    body = host.snapshot()["evaluation"]
+    assert "kb-06" in body["detail"]
+    assert "cases.document_id" in body["detail"]
+    assert host.health(recoverable_grace=60).ok  # a warning, not a failure
+
+
+def test_a_switch_is_logged_once_per_service() -> None:
+    from structlog.testing import capture_logs
+
+    rules = CaseRules()
+    docs = [("node-1", {"doc_id": "kb-1"})]
+    with capture_logs() as logs:
+        for service in ("shop", "shop", "blog"):
+            _one(_llama_trace(docs, ["kb-1"]), rules, service=service)
+    switched = [e for e in logs if e["event"] == "document_id_source_switched"]
+    assert [(e["service"], e["source"]) for e in switched] == [
+        ("shop", "metadata.doc_id"),
+        ("blog", "metadata.doc_id"),
+    ]
+    assert "cases.document_id" in switched[0]["detail"]
+
+
+def test_ids_from_the_retriever_output_are_their_own_source() -> None:
+    """OpenInference LangChain: no document.id, the ids in output.value's documents."""
+    spans = _llama_trace([(None, {"doc_id": "kb-1"}), (None, {})], ["lc-1"])
+    output = {"documents": [{"id": "lc-1", "page_content": "chunk 0"}, {"id": "lc-2"}]}
+    set_attributes(
+        spans[1].attributes,
+        [
+            (semconv.OUTPUT_VALUE, json.dumps(output)),
+            (semconv.OUTPUT_MIME_TYPE, "application/json"),
+        ],
+    )
+    built = _one(spans, CaseRules())
+    # the default takes metadata.doc_id first; only output.id matches the reference
+    assert built.case.retrieved_context_ids == ["lc-1", "lc-2"]
+    assert built.attributes[semconv.DOCUMENT_ID_SOURCE] == "output.id"
+    rules = CaseRules(CasesConfig(document_id=["output.id"]))
+    assert _one(spans, rules).case.retrieved_context_ids == ["lc-1", "lc-2"]
+    rules = CaseRules(CasesConfig(document_id=["document.id"]))  # none of its own
+    assert _one(spans, rules).case.retrieved_context_ids is None
