@@ -9,11 +9,14 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from ragtrace_collector.admin.config import AdminConfig
 from ragtrace_collector.config import ConfigError, parse_config
 from ragtrace_collector.configref import DOCUMENT, REGENERATE, extract_block, render_reference
 from ragtrace_collector.metrics import METRIC_NAMES, NO_JUDGE_METRICS, OFFLINE_METRICS
@@ -37,9 +40,15 @@ from tests.docs._readme import (
     outside_code,
     readme_text,
 )
+from tests.fakes.services import PROMTOOL
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_CHECKS = {"check: reference-jsonl", "check: reference-yaml", "check: eval-dataset"}
+_CHECKS = {
+    "check: reference-jsonl",
+    "check: reference-yaml",
+    "check: eval-dataset",
+    "check: prometheus-config",
+}
 
 
 def _blocks(lang: str) -> list[Block]:
@@ -144,6 +153,33 @@ def test_eval_dataset_example_loads_with_deepeval_and_ragas_names(tmp_path: Path
     assert all(c.input and c.actual_output and c.expected_output for c in cases)
     assert all(c.retrieval_context for c in cases)
     assert cases[1].reference_contexts == ["Our office in Lyon is open Monday to Friday."]
+
+
+def test_prometheus_example_scrapes_the_collectors_admin_port() -> None:
+    """The scrape config of docs/rollouts.md: the admin port's default address and its
+    /metrics, under the job name of the shipped docker/prometheus/prometheus.yml."""
+    config: dict[str, Any] = yaml.safe_load(find_marked("check: prometheus-config").body)
+    (job,) = config["scrape_configs"]
+    shipped = yaml.safe_load((ROOT / "docker" / "prometheus" / "prometheus.yml").read_text())
+    (shipped_job,) = [j for j in shipped["scrape_configs"] if j["job_name"] == job["job_name"]]
+    assert job.get("metrics_path", "/metrics") == shipped_job["metrics_path"] == "/metrics"
+    targets = [t for static in job["static_configs"] for t in static["targets"]]
+    assert targets == [AdminConfig().endpoint]
+
+
+@pytest.mark.services  # promtool
+def test_promtool_accepts_the_prometheus_example(tmp_path: Path) -> None:
+    assert PROMTOOL, "promtool is required (scripts/setup-services.sh installs it)"
+    config = tmp_path / "prometheus.yml"
+    config.write_text(find_marked("check: prometheus-config").body, encoding="utf-8")
+    result = subprocess.run(
+        [PROMTOOL, "check", "config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def _metric_rows() -> list[list[str]]:
