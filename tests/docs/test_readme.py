@@ -273,6 +273,57 @@ def test_readme_names_the_fast_subset_with_registered_markers() -> None:
         assert f'"{marker}: ' in pyproject, f"marker {marker} is not registered"
 
 
+def _test_sh_bullet() -> str:
+    """The README's account of what ``scripts/test.sh`` sets up (its bullet)."""
+    text = readme_text()
+    start = text.index("- **`scripts/test.sh`**")
+    return text[start : text.index("\n- ", start)]
+
+
+def test_readme_names_every_package_setup_services_installs() -> None:
+    script = (ROOT / "scripts" / "setup-services.sh").read_text(encoding="utf-8")
+    packages = {p for group in re.findall(r"need\+=\(([^)]*)\)", script) for p in group.split()}
+    assert {"redis-server", "prometheus", "chromium"} <= packages  # the parse finds them
+    bullet = _test_sh_bullet()
+    missing = sorted(p for p in packages if f"`{p}`" not in bullet)
+    assert not missing, f"README.md's scripts/test.sh bullet does not name {missing}"
+    assert "ensure_phoenix" in script
+    assert "Phoenix" in bullet
+
+
+#: A uv command as if uv were on the PATH; the scripts bootstrap it into .tools/bin/uv.
+_BARE_UV = re.compile(r"(?<![\w./$\"-])uv (?:sync|run|pip|venv|lock|add|tool)\b")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(
+            path,
+            marks=pytest.mark.xfail(
+                reason="edited elsewhere; its `uv sync` is reported in issue 26", strict=False
+            ),
+        )
+        if doc_name(path) == "docs/development.md"
+        else path
+        for path in DOCUMENTS
+    ],
+    ids=doc_name,
+)
+def test_no_document_runs_uv_from_the_path(path: Path) -> None:
+    found = _BARE_UV.findall(doc_text(path))
+    assert not found, f"{doc_name(path)} runs {found}, but uv is only in .tools/bin/"
+
+
+def test_readme_builds_the_venv_as_the_scripts_do() -> None:
+    """The README's command for .venv alone calls the function both scripts call."""
+    assert "bash -c 'source scripts/_env.sh && ensure_venv'" in readme_text()
+    env = (ROOT / "scripts" / "_env.sh").read_text(encoding="utf-8")
+    assert re.search(r"^ensure_venv\(\) \{", env, re.MULTILINE)
+    for script in ("test.sh", "demo.sh"):
+        assert "ensure_venv" in (ROOT / "scripts" / script).read_text(encoding="utf-8")
+
+
 def test_readme_is_a_landing_page() -> None:
     # Details belong in docs/; the README keeps the pitch, the two commands, the quick
     # start, the frameworks table and links.
