@@ -12,12 +12,16 @@ Prometheus with ``promtool tsdb create-blocks-from openmetrics``.  Three service
 
 * ``healthy``: the candidate scores like the stable version -> Successful / exit 0;
 * ``broken``: the candidate's recall is half the stable one's -> Failed / exit 1;
-* ``thin``: the candidate has too few scores in the window -> Inconclusive / exit 2.
+* ``thin``: the candidate has too few scores in the window -> Inconclusive / exit 2;
+* ``stable_zero``: the stable side scores exactly 0, the candidate 0.6 -> the ratio is
+  +Inf: Successful / exit 0, and the script shows the two means instead of ``inf``;
+* ``both_zero``: both sides score exactly 0 -> the ratio is NaN: Inconclusive / exit 2.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import random
 import re
 import subprocess
@@ -58,12 +62,16 @@ class Scenario:
     candidate_mean: float
     #: candidate scores per replica and scrape (stable: 2)
     candidate_rate: float
+    #: standard deviation of the scores around their mean (0: every score is the mean)
+    spread: float = 0.08
 
 
 SCENARIOS = {
     "healthy": Scenario(0.85, 0.84, 1.0),
     "broken": Scenario(0.85, 0.42, 1.0),
     "thin": Scenario(0.85, 0.84, 1 / 12),  # ~7 scores in a 10m window: under min-samples
+    "stable_zero": Scenario(0.0, 0.6, 1.0, spread=0.0),
+    "both_zero": Scenario(0.0, 0.0, 1.0, spread=0.0),
 }
 
 
@@ -136,6 +144,12 @@ def argo_phase(metric: dict[str, Any], result: list[float]) -> str:
 
 
 # ------------------------------------------------------------------ the series
+def _score(rng: random.Random, mean: float, spread: float) -> float:
+    """A score in [0, 1] around ``mean``; exactly ``mean`` (and no draw) without spread,
+    so that the noise-free scenarios leave the others' random scores as they were."""
+    return min(1.0, max(0.0, rng.gauss(mean, spread))) if spread else mean
+
+
 def _openmetrics(end: float) -> str:
     """Every replica's ragtrace_eval_score _count/_sum, one sample per scrape."""
     rng = random.Random(22)
@@ -152,13 +166,13 @@ def _openmetrics(end: float) -> str:
         for replica, telemetry in telemetries.items():
             for service, sc in SCENARIOS.items():
                 for _ in range(2):
-                    score = min(1.0, max(0.0, rng.gauss(sc.stable_mean, 0.08)))
+                    score = _score(rng, sc.stable_mean, sc.spread)
                     telemetry.results.record(service, METRIC, "passed", score, ("v1",))
                 if step * STEP_S >= CANDIDATE_FROM * 60:
                     credit[replica, service] += sc.candidate_rate
                     while credit[replica, service] >= 1.0:
                         credit[replica, service] -= 1.0
-                        score = min(1.0, max(0.0, rng.gauss(sc.candidate_mean, 0.08)))
+                        score = _score(rng, sc.candidate_mean, sc.spread)
                         telemetry.results.record(service, METRIC, "passed", score, ("v2",))
             text = telemetry.render().decode("utf-8")
             for family in text_string_to_metric_families(text):
@@ -220,6 +234,28 @@ def template_query(service: str) -> str:
     return resolve(metric["provider"]["prometheus"]["query"], args)
 
 
+def _run_gate(b: Backfilled, service: str) -> subprocess.CompletedProcess[str]:
+    """The script, on candidate ``v2`` of ``service``, evaluated at the backfill's end."""
+    return subprocess.run(
+        [
+            sys.executable,
+            str(GATE),
+            "--prometheus",
+            b.prom.url,
+            "--service",
+            service,
+            "--candidate",
+            "v2",
+            "--time",
+            repr(b.at),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
 # ------------------------------------------------------------------ the tests
 def test_the_series_are_there_and_blend_the_versions(backfilled: Backfilled) -> None:
     """Sanity of the fixture: three replicas per version, and per service the blended
@@ -259,6 +295,18 @@ def test_a_thin_candidate_is_inconclusive(backfilled: Backfilled) -> None:
     assert 0.9 < ratio < 1.1
 
 
+def test_a_stable_side_scoring_zero_answers_inf_or_nan(backfilled: Backfilled) -> None:
+    """Against a stable mean of 0 the ratio is +Inf (candidate above 0: Argo's success
+    condition holds) or NaN (candidate at 0 too: neither condition holds)."""
+    metric = template_metric()
+    above = query(backfilled, template_query("stable_zero"))
+    assert above == [math.inf]
+    assert argo_phase(metric, above) == "Successful"
+    (both,) = query(backfilled, template_query("both_zero"))
+    assert math.isnan(both)
+    assert argo_phase(metric, [both]) == "Inconclusive"
+
+
 def test_the_conditions_are_argos() -> None:
     metric = template_metric()
     assert argo_phase(metric, [0.96]) == "Successful"
@@ -293,32 +341,41 @@ def test_the_script_builds_the_templates_query() -> None:
 def test_the_script_exits_with_the_answer(
     backfilled: Backfilled, service: str, code: int, word: str
 ) -> None:
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(GATE),
-            "--prometheus",
-            backfilled.prom.url,
-            "--service",
-            service,
-            "--candidate",
-            "v2",
-            "--time",
-            repr(backfilled.at),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    run = _run_gate(backfilled, service)
     assert run.returncode == code, run.stdout + run.stderr
     assert run.stdout.startswith(f"ragtrace gate: {word} {service} {METRIC} {LABEL}=v2"), run.stdout
 
 
-@pytest.mark.parametrize(("service", "code"), [("healthy", 0), ("broken", 1), ("thin", 5)])
+@pytest.mark.parametrize(
+    ("service", "code", "word", "means"),
+    [
+        ("stable_zero", PASS, "PASS", "candidate mean 0.600, stable mean 0.000"),
+        ("both_zero", INCONCLUSIVE, "INCONCLUSIVE", "candidate mean 0.000, stable mean 0.000"),
+    ],
+)
+def test_the_script_shows_both_means_when_stable_scores_zero(
+    backfilled: Backfilled, service: str, code: int, word: str, means: str
+) -> None:
+    """No ``candidate/stable = inf``: the two means, their difference, and why there is
+    no ratio; the exit code is the template's phase (+Inf passes, NaN is inconclusive)."""
+    run = _run_gate(backfilled, service)
+    assert run.returncode == code, run.stdout + run.stderr
+    assert run.stdout.startswith(f"ragtrace gate: {word} {service} {METRIC} {LABEL}=v2: ")
+    difference = "+0.600" if service == "stable_zero" else "+0.000"
+    assert f"{means} (difference {difference})" in run.stdout
+    assert "candidate/stable is undefined because stable scores 0" in run.stdout
+    assert "inf" not in run.stdout.lower()
+    assert "nan" not in run.stdout.lower()
+
+
+@pytest.mark.parametrize(
+    ("service", "code"),
+    [("healthy", 0), ("broken", 1), ("thin", 5), ("stable_zero", 0), ("both_zero", 1)],
+)
 def test_the_curl_and_jq_form(backfilled: Backfilled, service: str, code: int) -> None:
     """docs/rollouts.md's one-liner for tools without Python in their step (jq exits 1
-    on false, 5 on an empty answer): evaluated now, the backfill ended a minute ago."""
+    on false, NaN included, and 5 on an empty answer): evaluated now, the backfill ended
+    a minute ago."""
     pipeline = (
         f"curl -fsS {backfilled.prom.url}/api/v1/query --data-urlencode"
         f' "query=$({sys.executable} {GATE} --print-query --service {service} --candidate v2)"'
