@@ -295,21 +295,7 @@ def test_readme_names_every_package_setup_services_installs() -> None:
 _BARE_UV = re.compile(r"(?<![\w./$\"-])uv (?:sync|run|pip|venv|lock|add|tool)\b")
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(
-            path,
-            marks=pytest.mark.xfail(
-                reason="edited elsewhere; its `uv sync` is reported in issue 26", strict=False
-            ),
-        )
-        if doc_name(path) == "docs/development.md"
-        else path
-        for path in DOCUMENTS
-    ],
-    ids=doc_name,
-)
+@pytest.mark.parametrize("path", DOCUMENTS, ids=doc_name)
 def test_no_document_runs_uv_from_the_path(path: Path) -> None:
     found = _BARE_UV.findall(doc_text(path))
     assert not found, f"{doc_name(path)} runs {found}, but uv is only in .tools/bin/"
