@@ -44,6 +44,7 @@ from examples.demo.display import (
     caller_cwd,
     intro,
     locations_panel,
+    print_table,
     results_table,
     shown_path,
 )
@@ -418,7 +419,7 @@ class Demo:
         assert self.collector is not None
         console = self.console
         console.print()
-        console.print(results_table(report, self.fault, rollout=self.rollout))
+        print_table(console, results_table(report, self.fault, rollout=self.rollout))
         console.print()
         primary = self.receiver.first_firing(self.primary_rule)
         others = [
