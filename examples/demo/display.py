@@ -26,6 +26,7 @@ from examples.demo.plan import (
     ROLLOUT_EVERY,
     STABLE_INDEX,
     DemoPlan,
+    alert_kind,
     alert_rules,
 )
 from examples.demo.results import MetricPhaseStats, SpanReport
@@ -33,7 +34,7 @@ from examples.demo.traffic import Phase
 from examples.demo.webhook import ReceivedAlert
 from examples.support_bot import FaultMode
 from ragtrace import semconv
-from ragtrace_collector.metrics import NO_JUDGE_METRICS
+from ragtrace_collector.metrics import NO_JUDGE_METRICS, build_metric, is_conversation_metric
 
 __all__ = [
     "CALLER_CWD_ENV",
@@ -173,16 +174,23 @@ class LiveView:
                     "Phase",
                     Text.from_markup(
                         f"{len(self.phases)}/2 {label}  {elapsed:4.1f} s "
-                        f"[dim](until the drop alerts fire, at most "
+                        f"[dim](until the {alert_kind(rollout=self.rollout)} alerts fire, "
+                        "at most "
                         f"{self.plan.degraded_max_seconds:g} s)[/]"
                     ),
                 )
             golden = sum(p.golden for p in self.phases)
             conversations = sum(p.conversations for p in self.phases)
             turns = sum(p.turns for p in self.phases)
+            # In a rollout, where each kind of request goes: why v2 has no conversation
+            # scores.
+            on_new = sum(p.candidate_golden for p in self.phases)
+            questions = f" ({on_new} on {CANDIDATE_INDEX})" if self.rollout else ""
+            on_old = f", all on {STABLE_INDEX}" if self.rollout else ""
             grid.add_row(
                 "Requests",
-                f"{golden} golden questions · {conversations} conversations ({turns} turns)",
+                f"{golden} golden questions{questions} · "
+                f"{conversations} conversations ({turns} turns{on_old})",
             )
         grid.add_row(
             "Scored", f"{self.latest.traces_evaluated:.0f} traces evaluated by the collector"
@@ -269,7 +277,7 @@ def _mean(stats: MetricPhaseStats | None) -> float | None:
 
 
 def _caption(report: SpanReport, *, rollout: bool) -> str:
-    """What the figures are."""
+    """What the figures are; in a rollout, why a v2 cell can be empty."""
     caption = (
         f"Means of {semconv.eval_attr('<metric>', semconv.EVAL_FIELD_SCORE)} on the enriched "
         "spans the collector wrote. Offline judge: lexical heuristics, not an LLM."
@@ -279,9 +287,25 @@ def _caption(report: SpanReport, *, rollout: bool) -> str:
     caption += (
         f" After {STABLE_INDEX}, after {CANDIDATE_INDEX}: means over the requests each "
         "index version served during the rollout (the mean over both, and its Δ, are in "
-        "summary.json)."
+        "summary.json). —: no score."
     )
+    unscored = [
+        name
+        for name, summary in report.metrics.items()
+        if CANDIDATE_INDEX not in summary.after_by and is_conversation_metric(build_metric(name))
+    ]
+    if unscored:
+        caption += (
+            f" {CANDIDATE_INDEX} has no {_or(unscored)} scores: these metrics score "
+            f"multi-turn conversations, and the rollout sends only single golden questions "
+            f"to {CANDIDATE_INDEX}; every conversation stays on {STABLE_INDEX}."
+        )
     return caption
+
+
+def _or(names: Sequence[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def print_table(console: Console, table: Table) -> None:
