@@ -44,6 +44,7 @@ from examples.demo.display import (
     caller_cwd,
     intro,
     locations_panel,
+    print_table,
     results_table,
     shown_path,
 )
@@ -56,6 +57,7 @@ from examples.demo.plan import (
     QUICK,
     ROLLOUT_EVERY,
     DemoPlan,
+    alert_kind,
     alert_rules,
     primary_rule,
 )
@@ -183,6 +185,8 @@ class Demo:
         self.fault = FaultMode(args.fault)
         self.rollout = bool(args.rollout)
         self.primary_rule = primary_rule(rollout=self.rollout)
+        #: What fires: ``canary`` rules in a rollout, ``drop`` rules otherwise.
+        self.alert_kind = alert_kind(rollout=self.rollout)
         self.alert_rules = alert_rules(rollout=self.rollout)
         self.out = _output_dir(args.output)
         self.receiver: AlertReceiver | None = None
@@ -347,7 +351,7 @@ class Demo:
                     after = alert.received_at - degraded.started
                     view.alerts[rule] = after
                     self.say(
-                        f"[bold red]{'canary' if self.rollout else 'drop'} alert fired[/]: {rule} "
+                        f"[bold red]{self.alert_kind} alert fired[/]: {rule} "
                         f"({after:.1f} s after the fault), received by the webhook"
                     )
             live.update(view.render(), refresh=True)
@@ -418,7 +422,7 @@ class Demo:
         assert self.collector is not None
         console = self.console
         console.print()
-        console.print(results_table(report, self.fault, rollout=self.rollout))
+        print_table(console, results_table(report, self.fault, rollout=self.rollout))
         console.print()
         primary = self.receiver.first_firing(self.primary_rule)
         others = [
@@ -441,7 +445,7 @@ class Demo:
                 webhook_url=webhook_url,
                 seconds_after_fault=(primary.received_at - degraded.started) if primary else None,
                 logged=logged,
-                kind="canary" if self.rollout else "drop",
+                kind=self.alert_kind,
             )
         )
         console.print()

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.json import JSON
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -25,14 +26,15 @@ from examples.demo.plan import (
     ROLLOUT_EVERY,
     STABLE_INDEX,
     DemoPlan,
+    alert_kind,
     alert_rules,
 )
-from examples.demo.results import MetricSummary, SpanReport
+from examples.demo.results import MetricPhaseStats, SpanReport
 from examples.demo.traffic import Phase
 from examples.demo.webhook import ReceivedAlert
 from examples.support_bot import FaultMode
 from ragtrace import semconv
-from ragtrace_collector.metrics import NO_JUDGE_METRICS
+from ragtrace_collector.metrics import NO_JUDGE_METRICS, build_metric, is_conversation_metric
 
 __all__ = [
     "CALLER_CWD_ENV",
@@ -41,6 +43,7 @@ __all__ = [
     "caller_cwd",
     "intro",
     "locations_panel",
+    "print_table",
     "results_table",
     "shown_path",
 ]
@@ -171,16 +174,23 @@ class LiveView:
                     "Phase",
                     Text.from_markup(
                         f"{len(self.phases)}/2 {label}  {elapsed:4.1f} s "
-                        f"[dim](until the drop alerts fire, at most "
+                        f"[dim](until the {alert_kind(rollout=self.rollout)} alerts fire, "
+                        "at most "
                         f"{self.plan.degraded_max_seconds:g} s)[/]"
                     ),
                 )
             golden = sum(p.golden for p in self.phases)
             conversations = sum(p.conversations for p in self.phases)
             turns = sum(p.turns for p in self.phases)
+            # In a rollout, where each kind of request goes: why v2 has no conversation
+            # scores.
+            on_new = sum(p.candidate_golden for p in self.phases)
+            questions = f" ({on_new} on {CANDIDATE_INDEX})" if self.rollout else ""
+            on_old = f", all on {STABLE_INDEX}" if self.rollout else ""
             grid.add_row(
                 "Requests",
-                f"{golden} golden questions · {conversations} conversations ({turns} turns)",
+                f"{golden} golden questions{questions} · "
+                f"{conversations} conversations ({turns} turns{on_old})",
             )
         grid.add_row(
             "Scored", f"{self.latest.traces_evaluated:.0f} traces evaluated by the collector"
@@ -215,6 +225,11 @@ class LiveView:
 
 
 def results_table(report: SpanReport, fault: FaultMode, *, rollout: bool = False) -> Table:
+    """Per-metric means before and after the fault; in a rollout, after it per index
+    version.  The metric column never wraps and is never cut: on a narrow terminal the
+    other columns wrap (at their spaces).  Both tables fit 80 columns without wrapping
+    a cell; for that the rollout table leaves out the mean after the fault over both
+    versions and its Δ (they are in summary.json)."""
     title = (
         f"Retrieval quality before and during the rollout of index {CANDIDATE_INDEX} "
         f"({fault.value})"
@@ -223,28 +238,100 @@ def results_table(report: SpanReport, fault: FaultMode, *, rollout: bool = False
     )
     table = Table(
         title=title,
-        caption=f"Means of {semconv.eval_attr('<metric>', semconv.EVAL_FIELD_SCORE)} on the "
-        "enriched spans the collector wrote. Offline judge: lexical heuristics, not an LLM.",
+        caption=_caption(report, rollout=rollout),
+        caption_justify="left",
         header_style="bold",
         title_style="bold",
     )
-    table.add_column("Metric")
+    table.add_column("Metric", no_wrap=True)
     table.add_column("Judge", style="dim")
     table.add_column("Before", justify="right")
-    table.add_column("After", justify="right")
-    table.add_column("Δ", justify="right")
     if rollout:
-        table.add_column(f"After {STABLE_INDEX}", justify="right")
-        table.add_column(f"After {CANDIDATE_INDEX}", justify="right")
+        for version in (STABLE_INDEX, CANDIDATE_INDEX):
+            table.add_column(f"After\n{version}", justify="right")
+    else:
+        table.add_column("After", justify="right")
+        table.add_column("Δ", justify="right")
     table.add_column("Scored", justify="right", style="dim")
     for summary in report.metrics.values():
-        row = _metric_row(summary)
-        if rollout:
-            for version in (STABLE_INDEX, CANDIDATE_INDEX):
-                stats = summary.after_by.get(version)
-                row.insert(-1, _version_score(stats.mean if stats else None, summary.before.mean))
-        table.add_row(*row)
+        after: list[RenderableType] = (
+            [
+                _version_score(_mean(summary.after_by.get(v)), summary.before.mean)
+                for v in (STABLE_INDEX, CANDIDATE_INDEX)
+            ]
+            if rollout
+            else [_score(summary.after.mean), _delta(summary.delta)]
+        )
+        table.add_row(
+            _metric_name(summary.name),
+            "no judge" if summary.name in NO_JUDGE_METRICS else "offline",
+            _score(summary.before.mean),
+            *after,
+            f"{summary.before.count} / {summary.after.count}",
+        )
     return table
+
+
+def _mean(stats: MetricPhaseStats | None) -> float | None:
+    return stats.mean if stats is not None else None
+
+
+def _caption(report: SpanReport, *, rollout: bool) -> str:
+    """What the figures are; in a rollout, why a v2 cell can be empty."""
+    caption = (
+        f"Means of {semconv.eval_attr('<metric>', semconv.EVAL_FIELD_SCORE)} on the enriched "
+        "spans the collector wrote. Offline judge: lexical heuristics, not an LLM."
+    )
+    if not rollout:
+        return caption
+    caption += (
+        f" After {STABLE_INDEX}, after {CANDIDATE_INDEX}: means over the requests each "
+        "index version served during the rollout (the mean over both, and its Δ, are in "
+        "summary.json). —: no score."
+    )
+    unscored = [
+        name
+        for name, summary in report.metrics.items()
+        if CANDIDATE_INDEX not in summary.after_by and is_conversation_metric(build_metric(name))
+    ]
+    if unscored:
+        caption += (
+            f" {CANDIDATE_INDEX} has no {_or(unscored)} scores: these metrics score "
+            f"multi-turn conversations, and the rollout sends only single golden questions "
+            f"to {CANDIDATE_INDEX}; every conversation stays on {STABLE_INDEX}."
+        )
+    return caption
+
+
+def _or(names: Sequence[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Print ``table`` whole.  On a terminal it fits the terminal's width (the table
+    wraps what it can).  Elsewhere (a pipe, a file) nothing limits the width of a line,
+    so it is printed at its natural width and nothing is cut, whatever ``COLUMNS``."""
+    if console.is_terminal:
+        console.print(table)
+    else:
+        console.print(_NaturalWidth(table), crop=False)
+
+
+@dataclass(frozen=True, slots=True)
+class _NaturalWidth:
+    """A renderable drawn as wide as it wants, not as wide as the console."""
+
+    renderable: RenderableType
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        wide = options.update(max_width=_UNBOUNDED)
+        width = Measurement.get(console, wide, self.renderable).maximum
+        yield from console.render(self.renderable, options.update_width(width))
+
+
+#: Wider than any table the demo prints.
+_UNBOUNDED = 10_000
 
 
 def _version_score(value: float | None, before: float | None) -> Text:
@@ -255,18 +342,11 @@ def _version_score(value: float | None, before: float | None) -> Text:
     return text
 
 
-def _metric_row(summary: MetricSummary) -> list[RenderableType]:
-    name = Text(summary.name)
-    if summary.name in ALERT_METRICS:
-        name.append(" (alert)", style="yellow")
-    return [
-        name,
-        "no judge" if summary.name in NO_JUDGE_METRICS else "offline",
-        _score(summary.before.mean),
-        _score(summary.after.mean),
-        _delta(summary.delta),
-        f"{summary.before.count} / {summary.after.count}",
-    ]
+def _metric_name(name: str) -> Text:
+    text = Text(name)
+    if name in ALERT_METRICS:
+        text.append(" (alert)", style="yellow")
+    return text
 
 
 def alert_panel(

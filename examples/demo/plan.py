@@ -47,6 +47,7 @@ __all__ = [
     "ROLLOUT_EVERY",
     "STABLE_INDEX",
     "DemoPlan",
+    "alert_kind",
     "alert_rules",
     "primary_rule",
 ]
@@ -139,14 +140,20 @@ class DemoPlan:
         return split + [self.canary_rule(m) for m in ALERT_METRICS]
 
 
+def alert_kind(*, rollout: bool) -> str:
+    """The kind of the rules the demo waits for: ``canary`` in a rollout (the split
+    drop rules are there too, but v1 holds, so they stay quiet), else ``drop``."""
+    return "canary" if rollout else "drop"
+
+
 def primary_rule(*, rollout: bool) -> str:
     """The rule whose firing the demo waits for."""
-    return f"{PRIMARY_ALERT_METRIC}_{'canary' if rollout else 'drop'}"
+    return f"{PRIMARY_ALERT_METRIC}_{alert_kind(rollout=rollout)}"
 
 
 def alert_rules(*, rollout: bool) -> tuple[str, ...]:
     """The rules whose firing the demo reports (the primary one first)."""
-    kind = "canary" if rollout else "drop"
+    kind = alert_kind(rollout=rollout)
     return tuple(f"{m}_{kind}" for m in ALERT_METRICS)
 
 

@@ -61,6 +61,38 @@ def test_health_permanent_error_and_stuck_recoverable() -> None:
     assert set(now.components) == {"a", "b"}
 
 
+def test_readiness_waits_for_components_not_running_but_not_for_errors() -> None:
+    host = ComponentHost()
+    a = host.register(_Part("a"))
+    b = host.register(_Part("b"))
+    a.report_ok()
+    # b never reported: it is starting.  Not ready, and b is named; alive all the same,
+    # and neither answer calls every component healthy.
+    ready = host.readiness()
+    assert not ready.ok
+    assert "b: starting" in ready.reason
+    alive = host.health(recoverable_grace=30)
+    assert alive.ok
+    assert "healthy" not in alive.reason
+    assert "b: starting" in alive.reason
+    b.report_ok()
+    assert host.readiness().ok
+    assert host.health(recoverable_grace=30).reason == "every component is ok"
+    # Errors are liveness's question: ready, and the text says which one is not ok.
+    for status in (Status.RECOVERABLE_ERROR, Status.PERMANENT_ERROR):
+        b.report(status, "backend down")
+        ready = host.readiness()
+        assert ready.ok
+        assert f"b: {status.value}" in ready.reason
+        assert "healthy" not in ready.reason
+    # Stopping or stopped: not running, not ready.
+    for status in (Status.STOPPING, Status.STOPPED):
+        b.report(status)
+        ready = host.readiness()
+        assert not ready.ok
+        assert f"b: {status.value}" in ready.reason
+
+
 def test_duplicate_names_refused() -> None:
     host = ComponentHost()
     host.register(_Part("x"))

@@ -7,11 +7,26 @@ Both probes answer from the components' reported statuses
   been in ``recoverable_error`` longer than ``admin.unhealthy_after``: restarting
   the process is then a reasonable next step.
 * ``/readyz`` (readiness) is 503 when the process cannot accept data: receivers not
-  listening yet, shutting down, or the pipeline refusing requests.  The refusal is the
-  very predicate the receivers' admission reads (``Pipeline.refusal``, which asks the
-  write-ahead log through ``Storage.refusal``): an exporter queue full, the processor
-  holding its limit, the log full, its writes failing (disk full), its writer stalled
-  or stopped.  Load balancers are never told "ready" while data is refused.
+  listening yet, shutting down, a component not running, or the pipeline refusing
+  requests.
+
+  - A component is not running while its status is ``starting``, ``stopping`` or
+    ``stopped``; the reason names each one (``evaluation:workers: starting``).  Every
+    component leaves ``starting`` by the end of its start, so a collector that has
+    started is not held back by a part that merely has no work yet.
+  - ``recoverable_error`` and ``permanent_error`` do not make ``/readyz`` 503 by
+    themselves: a reference store waiting for its file or an exporter whose backend
+    is down still lets the process take data (exporters queue it, the write-ahead
+    log keeps it).  Failures are ``/healthz``'s question; the ready reason still
+    names the components that are not ``ok``.  Answering 503 for an outage every
+    replica shares would take them all out of the load balancer at once.
+  - The refusal is the very predicate the receivers' admission reads
+    (``Pipeline.refusal``, which asks the write-ahead log through
+    ``Storage.refusal``): an exporter queue full, the processor holding its limit, the
+    log full, its writes failing (disk full), its writer stalled or stopped.  Load
+    balancers are never told "ready" while data is refused, whatever caused it.
+
+Neither probe's reason calls a component healthy unless its status is ``ok``.
 
 The JSON body of both, redacted like the logs, is ``{"status": "ok"|"unavailable",
 "reason": ..., "components": {name: {"status", "last_error", "since_s",

@@ -234,11 +234,11 @@ class _RuleRuntime:
 
 
 class DetectorStatus(Component):
-    """The detector's component, ``alerts:detector``: ``ok`` after an evaluation,
-    ``recoverable_error`` after one that raised (logged with its traceback by
-    :meth:`DropDetector.run`, counted here in ``ragtrace_component_failures_total``;
-    the loop goes on and the next good evaluation reports ``ok``), ``stopped`` once
-    the detector is closed."""
+    """The detector's component, ``alerts:detector``: ``ok`` once the evaluation stage
+    has started it and after an evaluation, ``recoverable_error`` after one that raised
+    (logged with its traceback by :meth:`DropDetector.run`, counted here in
+    ``ragtrace_component_failures_total``; the loop goes on and the next good
+    evaluation reports ``ok``), ``stopped`` once the detector is closed."""
 
     component_name = "alerts:detector"
 

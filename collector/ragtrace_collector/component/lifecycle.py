@@ -14,8 +14,15 @@ report of each, and health is computed from those reports, never from a constant
   be written).  Reporting the same status again is cheap, so a hot path may call
   :meth:`Component.report_ok` after every success.
 * :class:`ComponentHost`: the registry.  It exports ``ragtrace_component_status`` (one
-  gauge series per component and status, 1 for the current one), and answers the
-  health question: :meth:`ComponentHost.health`.
+  gauge series per component and status, 1 for the current one), and answers two
+  questions from the statuses.  Liveness (:meth:`ComponentHost.health`): has a
+  component failed for good, or for too long?  Readiness
+  (:meth:`ComponentHost.readiness`): is every component running?  ``starting``,
+  ``stopping`` and ``stopped`` are not running, so a component reports ``ok`` (or an
+  error) by the end of its ``start``, even when its work comes later.  The error
+  statuses do not block readiness: a part whose dependency is away still runs, and
+  when that makes the collector refuse data the service's refusal check says so.
+  Neither answer calls a component healthy unless its status is ``ok``.
 * :class:`Supervisor`: runs every background task.  An unexpected exception is logged
   once with its traceback, counted in ``ragtrace_component_failures_total{component}``,
   the owning component is put in ``recoverable_error``, and the task is started again
@@ -130,6 +137,21 @@ class Component:
         return None
 
 
+#: Statuses of a component that is not running: readiness waits while one has them.
+_NOT_RUNNING = frozenset({Status.STARTING, Status.STOPPING, Status.STOPPED})
+
+
+def _describe(name: str, event: StatusEvent, now: float) -> str:
+    """``name: status``; an error status with how long and why."""
+    if event.status is Status.PERMANENT_ERROR:
+        return f"{name}: permanent_error ({event.error or 'no detail'})"
+    if event.status is Status.RECOVERABLE_ERROR:
+        return (
+            f"{name}: recoverable_error for {now - event.since:.0f}s ({event.error or 'no detail'})"
+        )
+    return f"{name}: {event.status.value}"
+
+
 def _error_text(error: str | BaseException | None) -> str | None:
     if error is None:
         return None
@@ -189,20 +211,48 @@ class ComponentHost:
     # ------------------------------------------------------------------ health
     def health(self, *, recoverable_grace: float, now: float | None = None) -> HealthReport:
         """Liveness: unhealthy if a component is in ``permanent_error``, or has been in
-        ``recoverable_error`` for longer than ``recoverable_grace`` seconds."""
+        ``recoverable_error`` for longer than ``recoverable_grace`` seconds.  Healthy
+        otherwise; the reason then names every component that is not ``ok``."""
         at = time.monotonic() if now is None else now
         problems: list[str] = []
-        for name, component in self._components.items():
-            event = component.status_event
-            if event.status is Status.PERMANENT_ERROR:
-                problems.append(f"{name}: permanent_error ({event.error or 'no detail'})")
-            elif event.status is Status.RECOVERABLE_ERROR and at - event.since > recoverable_grace:
-                problems.append(
-                    f"{name}: recoverable_error for {at - event.since:.0f}s "
-                    f"({event.error or 'no detail'})"
-                )
-        reason = "; ".join(problems) if problems else "every component is healthy"
+        others: list[str] = []
+        for name, event in self._not_ok():
+            failed = event.status is Status.PERMANENT_ERROR or (
+                event.status is Status.RECOVERABLE_ERROR and at - event.since > recoverable_grace
+            )
+            (problems if failed else others).append(_describe(name, event, at))
+        if problems:
+            reason = "; ".join(problems)
+        elif others:
+            reason = "no component calls for a restart; not ok: " + "; ".join(others)
+        else:
+            reason = "every component is ok"
         return HealthReport(not problems, reason, self.snapshot(at))
+
+    def readiness(self, *, now: float | None = None) -> HealthReport:
+        """Readiness, as far as the components tell: not ready while one of them is
+        not running (``starting``, ``stopping``, ``stopped``).  The error statuses do
+        not count here (they are :meth:`health`'s), but the reason names them."""
+        at = time.monotonic() if now is None else now
+        waiting: list[str] = []
+        errors: list[str] = []
+        for name, event in self._not_ok():
+            (waiting if event.status in _NOT_RUNNING else errors).append(_describe(name, event, at))
+        if waiting:
+            reason = "not every component is running: " + "; ".join(waiting)
+        elif errors:
+            reason = "every component is running; not ok: " + "; ".join(errors)
+        else:
+            reason = "every component is running"
+        return HealthReport(not waiting, reason, self.snapshot(at))
+
+    def _not_ok(self) -> list[tuple[str, StatusEvent]]:
+        """(name, status) of every component whose status is not ``ok``, by name."""
+        return [
+            (name, component.status_event)
+            for name, component in sorted(self._components.items())
+            if component.status_event.status is not Status.OK
+        ]
 
     def snapshot(self, now: float | None = None) -> dict[str, dict[str, Any]]:
         at = time.monotonic() if now is None else now

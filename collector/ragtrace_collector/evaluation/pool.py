@@ -39,8 +39,10 @@ Design
   and its batch goes back to the queue first.  No trace waits forever: every item's
   future is resolved, and the evaluator bounds the wait by ``trace_timeout`` anyway.
 
-Status: ``ok`` while workers run; ``recoverable_error`` (with the reason) from a
-worker loss or kill until the replacement answers.
+Status: ``ok`` once the slots run (:meth:`EvaluationPool.start`: a worker process
+starts with its slot's first batch, so a pool with nothing to do yet is ready, not
+``starting``); ``recoverable_error`` (with the reason) from a worker loss or kill
+until the replacement answers.
 """
 
 from __future__ import annotations
@@ -223,7 +225,8 @@ class EvaluationPool(Component):
 
     def start(self) -> None:
         """Start the slots (needs a running event loop); each starts its worker
-        process when the first item comes."""
+        process when the first item comes.  The pool is ``ok`` from here on: it takes
+        work now, and waiting for the first item is not starting."""
         if self._tasks:
             return
         self._wakeup = asyncio.Event()
@@ -235,6 +238,7 @@ class EvaluationPool(Component):
                     name=f"ragtrace-eval-worker-{slot}",
                 )
             )
+        self.report_ok()
 
     async def aclose(self) -> None:
         """Stop the slots and the worker processes; queued items fail with an error."""

@@ -92,10 +92,13 @@ class EvaluationStage:
         self.evaluator.start()
         if self.reference_store is not None:
             self.reference_store.start()
-        if self.detector is not None and self.detector.config.rules:
-            self._detector_task = self._supervisor.spawn(
-                self.detector.component, self.detector.run, name="alerts-detector"
-            )
+        if self.detector is not None:
+            if self.detector.config.rules:
+                self._detector_task = self._supervisor.spawn(
+                    self.detector.component, self.detector.run, name="alerts-detector"
+                )
+            # Started: readiness does not wait for a first evaluation.
+            self.detector.component.report_ok()
 
     async def aclose(self) -> None:
         """After the pipeline drained: stop the loops and close the notifiers.

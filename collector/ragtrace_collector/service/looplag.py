@@ -40,6 +40,7 @@ class LoopLagMonitor(Component):
     def start(self) -> None:
         if self._task is None:
             self._task = self._supervisor.spawn(self, self._run, name="event-loop-lag")
+            self.report_ok()  # running from here on: readiness need not wait for a sample
 
     async def shutdown(self) -> None:
         task, self._task = self._task, None

@@ -169,16 +169,22 @@ class CollectorService:
 
     # ---------------------------------------------------------------- probes
     def _ready(self) -> tuple[bool, str]:
-        """Readiness: can the process accept data now?  Reads the receivers' own
-        admission check (:meth:`Pipeline.refusal`), so it is 503 whenever they refuse."""
+        """Readiness: can the process accept data now?  Not while shutting down, before
+        the receivers listen, while a component is not running
+        (:meth:`ComponentHost.readiness`: ``starting``, ``stopping``, ``stopped``), or
+        while the receivers' own admission check (:meth:`Pipeline.refusal`) refuses."""
         if self._stopping:
             return False, "shutting down"
+        components = self.host.readiness()
         if not self._listening:
-            return False, "receivers not listening yet"
+            waiting = "" if components.ok else f"; {components.reason}"
+            return False, "receivers not listening yet" + waiting
+        if not components.ok:
+            return False, components.reason
         refused = self.pipeline.refusal()
         if refused is not None:
             return False, f"refusing data ({refused.reason}): {refused.message}"
-        return True, "receivers listening"
+        return True, f"receivers listening; {components.reason}"
 
     def _healthy(self) -> tuple[bool, str]:
         """Liveness, from the components' statuses (``admin.unhealthy_after``)."""
