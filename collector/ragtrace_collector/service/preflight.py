@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from ragtrace_collector.config import CollectorConfig, ConfigError, load_config
+from ragtrace_collector.config import CollectorConfig, ConfigError, describe_errors, load_config
 from ragtrace_collector.metrics import (
     METRIC_NAMES,
     OFFLINE_METRICS,
@@ -75,16 +75,8 @@ def metric_defaults_problems(defaults: Mapping[str, Any]) -> list[str]:
     try:
         MetricOptions.model_validate(dict(defaults))
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors(include_url=False):
-            key = ".".join(str(p) for p in error["loc"])
-            if error["type"] == "extra_forbidden":
-                close = difflib.get_close_matches(key, list(MetricOptions.model_fields), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                problems.append(f"evaluation.metric_defaults.{key}: unknown key{hint}")
-            else:
-                problems.append(f"evaluation.metric_defaults.{key}: {error['msg']}")
-        return problems
+        at = ("evaluation", "metric_defaults")
+        return [line for _loc, line in describe_errors(exc, MetricOptions, at)]
     return []
 
 
