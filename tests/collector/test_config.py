@@ -209,7 +209,7 @@ def test_check_config_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     bad.write_text("exporters:\n  b:\n    type: otlp_http\n    endpont: http://127.0.0.1:6006\n")
     assert main(["check-config", str(good)]) == 0
     assert f"{good}: ok" in capsys.readouterr().out
-    assert main(["check-config", str(bad)]) == 1
+    assert main(["check-config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "exporters.b.endpont: unknown key (did you mean 'endpoint'?)" in err
     assert "exporters.b.endpoint: required key is missing" in err
@@ -245,7 +245,7 @@ def test_serve_with_a_bad_config_exits_non_zero_before_listening(tmp_path: Path)
     done = subprocess.run(
         [str(COLLECTOR), "serve", "--config", str(path)], capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert "assembly.decision_wiat: unknown key (did you mean 'decision_wait'?)" in done.stderr
     assert "listening" not in done.stderr
     assert time.monotonic() - started < 30
