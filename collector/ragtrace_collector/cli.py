@@ -57,8 +57,11 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "the exporters and the admin port (/metrics, /healthz, /readyz), until SIGTERM or "
         "SIGINT, then shut down gracefully.  The configuration is checked first (the "
         "checks of check-config); every key is described in docs/configuration.md.",
-        epilog="exit codes: 0 after a graceful shutdown; 1 an invalid configuration or a "
-        "port that cannot be bound (named with its config key).",
+        epilog="exit codes: 0 after a graceful shutdown; 1 it cannot start for a reason "
+        "check-config does not check (a port that cannot be bound, named with its config "
+        "key); 2 the configuration file cannot be read or is invalid (the problems "
+        "check-config reports, with the same lines); 3 spans were not delivered by the "
+        "shutdown deadline (without storage.directory).",
     )
     serve.add_argument(
         "--config", type=Path, default=None, help="collector.yaml (default: built-in defaults)"
@@ -84,8 +87,8 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "keys, types, ${ENV} variables) and every check serve runs before it listens "
         "(metric names and options, alert rules on evaluated metrics, the reference file, "
         "the judge's API key variable).  Every problem is reported in one run.",
-        epilog="exit codes: 0 valid; 1 invalid (each problem on its own line); 2 the file "
-        "cannot be read.",
+        epilog="exit codes: 0 valid; 2 the configuration file cannot be read or is invalid "
+        "(each problem on its own line), as for serve --config and eval --config.",
     )
     check.add_argument("config", type=Path, help="the collector.yaml to check")
 

@@ -27,7 +27,8 @@ import os
 import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 
@@ -65,7 +66,14 @@ from ragtrace_collector.storage.config import StorageConfig
 from ragtrace_collector.stores.reference import ReferenceStoreConfig
 from ragtrace_collector.stores.session import SessionStoreConfig
 
-__all__ = ["CollectorConfig", "ConfigError", "ShutdownConfig", "load_config", "parse_config"]
+__all__ = [
+    "CollectorConfig",
+    "ConfigError",
+    "ShutdownConfig",
+    "describe_errors",
+    "load_config",
+    "parse_config",
+]
 
 
 # The process's own section: the deadlines of its shutdown sequence, which spans
@@ -338,7 +346,7 @@ def parse_config(
     try:
         config = CollectorConfig.model_validate(data)
     except ValidationError as exc:
-        described = _describe(exc, data)
+        described = describe_errors(exc)
         problems += [text for loc, text in described if not any(_under(loc, u) for u in unset)]
         failed = {str(loc[0]) for loc, _text in described if loc}
     else:
@@ -418,13 +426,19 @@ def _override(data: dict[str, Any], overrides: Mapping[str, Any] | None) -> dict
     return data
 
 
-def _describe(exc: ValidationError, data: Any) -> list[tuple[list[str | int], str]]:
+def describe_errors(
+    exc: ValidationError, model: Any = CollectorConfig, at: Sequence[str | int] = ()
+) -> list[tuple[list[str | int], str]]:
+    """Each problem of ``exc`` (raised validating ``model``) as one line that names its
+    dotted key and what is wrong, in plain words; an unknown key gets the key it is
+    close to ("did you mean"), at any depth.  ``at`` is where ``model`` sits in the
+    file (``evaluation.metric_defaults`` for :class:`MetricOptions` checked on their
+    own).  Returns (the key's path, the line) pairs."""
     described: list[tuple[list[str | int], str]] = []
     for error in exc.errors(include_url=False):
-        loc = _clean_loc(error["loc"], data)
-        problems: list[str] = []
-        _describe_one(error, loc, data, problems)
-        described += [(loc, p) for p in problems]
+        path, parent, node = _walk(model, error["loc"])
+        loc = [*at, *path]
+        described += [(loc, line) for line in _error_lines(error, loc, parent, node)]
     return described
 
 
@@ -459,131 +473,153 @@ def _shown(value: Any, loc: Sequence[str | int]) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _describe_one(error: Any, loc: list[str | int], data: Any, problems: list[str]) -> None:
+def _error_lines(error: Any, loc: list[str | int], parent: Any, node: Any) -> list[str]:
+    """The lines of one pydantic error at ``loc``; ``parent`` is the type holding its
+    last key and ``node`` the type at ``loc`` (see :func:`_walk`)."""
     key = _dotted(loc)
-    if error["type"] == "extra_forbidden":
-        problems.append(f"{key}: unknown key{_hint(loc, data)}")
-    elif error["type"] == "missing":
-        problems.append(f"{key}: required key is missing")
-    elif error["type"] in ("union_tag_invalid", "union_tag_not_found"):
-        ctx = error.get("ctx", {})
-        tags = _tags_at(loc)
-        expected = ", ".join(repr(t) for t in tags)
-        field = str(ctx.get("discriminator", "type")).strip("'")
-        if error["type"] == "union_tag_not_found":
-            problems.append(f"{key}.{field}: required key is missing (one of: {expected})")
-        else:
-            tag = str(ctx.get("tag", ""))
-            close = difflib.get_close_matches(tag, tags, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}?" if close else f"one of: {expected}"
-            problems.append(f"{key}.{field}: unknown value {tag!r} ({hint})")
-    elif error["type"] in _EXPECTED:
-        expected = _EXPECTED[error["type"]]
-        problems.append(f"{key}: expected {expected}, got {_shown(error['input'], loc)}")
-    elif error["type"] == "literal_error":
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return [_unknown_key(loc, _keys(parent))]
+    if kind == "missing":
+        return [f"{key}: required key is missing"]
+    if kind in ("union_tag_invalid", "union_tag_not_found") and isinstance(node, _Tagged):
+        return _union_tag_lines(error, loc, node)
+    if kind in _EXPECTED:
+        return [f"{key}: expected {_EXPECTED[kind]}, got {_shown(error['input'], loc)}"]
+    if kind == "literal_error":
         choices = error.get("ctx", {}).get("expected", "")
-        problems.append(f"{key}: expected {choices}, got {_shown(error['input'], loc)}")
+        return [f"{key}: expected {choices}, got {_shown(error['input'], loc)}"]
+    msg = error["msg"].removeprefix("Value error, ")
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        msg += f", got {_shown(error['input'], loc)}"
+    return [f"{key}: {msg}"]
+
+
+def _union_tag_lines(error: Any, loc: list[str | int], union: _Tagged) -> list[str]:
+    """A discriminated union whose tag (``type``, ``kind``) is missing or unknown.
+
+    Without a known tag pydantic checks none of the other keys, so each key that no
+    member has is reported here too: ``typ: file`` gets "did you mean 'type'?", not
+    only "type is missing"."""
+    tags = list(union.members)
+    expected = ", ".join(repr(t) for t in tags)
+    where = _dotted([*loc, union.field])
+    if error["type"] == "union_tag_not_found":
+        lines = [f"{where}: required key is missing (one of: {expected})"]
     else:
-        msg = error["msg"].removeprefix("Value error, ")
-        if error["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-            msg += f", got {_shown(error['input'], loc)}"
-        problems.append(f"{key}: {msg}")
+        tag = str(error.get("ctx", {}).get("tag", ""))
+        close = _closest(tag, tags)
+        hint = f"did you mean {close!r}?" if close else f"one of: {expected}"
+        lines = [f"{where}: unknown value {tag!r} ({hint})"]
+    given = error["input"] if isinstance(error["input"], Mapping) else {}
+    known = _keys(union)
+    lines += [_unknown_key([*loc, str(k)], known) for k in given if str(k) not in known]
+    return lines
 
 
-def _clean_loc(loc: tuple[str | int, ...], data: Any) -> list[str | int]:
-    """Drop the union-tag elements pydantic inserts for discriminated unions."""
-    out: list[str | int] = []
-    node = data
-    model: Any = CollectorConfig
-    for part in loc:
-        if part == "[key]":  # a dict key failed its own validation (a metric name)
-            continue
-        choices = _union_members(model)
-        if choices and isinstance(part, str) and part in {_tag_of(c) for c in choices}:
-            model = next(c for c in choices if _tag_of(c) == part)
-            continue
-        out.append(part)
-        model = _child_type(model, part)
-        node = node.get(part) if isinstance(node, dict) else None
-    return out
-
-
-def _tags_at(loc: list[str | int]) -> list[str]:
-    model: Any = CollectorConfig
-    for part in loc:
-        model = _child_type(model, part)
-    return [t for t in (_tag_of(m) for m in _union_members(model)) if t]
-
-
-def _hint(loc: list[str | int], data: Any) -> str:
-    """ ", did you mean 'x'?" for a misspelt key, from the fields of its model."""
-    *parent, bad = loc
-    if not isinstance(bad, str):
-        return ""
-    model: Any = CollectorConfig
-    node = data
-    for part in parent:
-        model = _child_type(model, part)
-        node = node.get(part) if isinstance(node, dict) else None
-        choices = _union_members(model)
-        if choices:
-            tag = node.get("type") if isinstance(node, dict) else None
-            picked = [c for c in choices if _tag_of(c) == tag] or choices
-            model = picked[0] if len(picked) == 1 else picked
-    names: set[str] = set()
-    for m in model if isinstance(model, list) else [model]:
-        if isinstance(m, type) and issubclass(m, BaseModel):
-            names |= set(m.model_fields)
-    close = difflib.get_close_matches(bad, sorted(names), n=1, cutoff=0.6)
+def _unknown_key(loc: Sequence[str | int], known: Collection[str]) -> str:
+    """The line for an unknown key: the known key it is close to, else the keys
+    allowed there.  Every unknown key, at every depth, is worded here."""
+    close = _closest(str(loc[-1]), known)
     if close:
-        return f" (did you mean {close[0]!r}?)"
-    if names:
-        return f" (expected one of: {', '.join(sorted(names))})"
-    return ""
+        hint = f" (did you mean {close!r}?)"
+    elif known:
+        hint = f" (expected one of: {', '.join(sorted(known))})"
+    else:
+        hint = ""
+    return f"{_dotted(loc)}: unknown key{hint}"
 
 
-def _unwrap(tp: Any) -> Any:
+def _closest(word: str, choices: Collection[str]) -> str | None:
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+# The walk from a pydantic error's location to the models it passes through.
+@dataclass(frozen=True)
+class _Tagged:
+    """A discriminated union of models: the member is named by the value of ``field``."""
+
+    field: str
+    members: dict[str, type[BaseModel]]
+
+
+def _walk(model: Any, loc: Sequence[str | int]) -> tuple[list[str | int], Any, Any]:
+    """``loc`` as the file spells it, without what pydantic inserts (the tag of a
+    discriminated union's member, ``[key]`` for a mapping's key), with the type that
+    holds its last key and the type at ``loc`` (None where they cannot be told)."""
+    path: list[str | int] = []
+    parent = node = _resolve(model)
+    for part in loc:
+        if part == "[key]":  # a mapping's key failed its own validation (a metric name)
+            continue
+        if isinstance(node, _Tagged) and part in node.members:
+            node = node.members[part]
+            continue
+        path.append(part)
+        parent, node = node, _child(node, part)
+    return path, parent, node
+
+
+def _resolve(tp: Any, discriminator: str | None = None) -> Any:
+    """``tp`` without ``Annotated`` and ``None``: a model, a container type, a
+    discriminated union as :class:`_Tagged`, or None for any other union."""
     while True:
         origin = get_origin(tp)
         if origin is Annotated:
-            tp = get_args(tp)[0]
+            tp, *extras = get_args(tp)
+            for extra in extras:
+                if isinstance(getattr(extra, "discriminator", None), str):
+                    discriminator = extra.discriminator
             continue
         if origin in (Union, types.UnionType):
             args = [a for a in get_args(tp) if a is not type(None)]
             if len(args) == 1:
                 tp = args[0]
                 continue
+            if discriminator is None:
+                return None
+            members = {_tag(a, discriminator): a for a in args if _is_model(a)}
+            return _Tagged(discriminator, {t: m for t, m in members.items() if t is not None})
         return tp
 
 
-def _child_type(model: Any, part: str | int) -> Any:
-    tp = _unwrap(model)
-    if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
-        info = tp.model_fields.get(part)
-        if info is None:
-            return None
-        hints = typing.get_type_hints(tp, include_extras=True)
-        return _unwrap(hints.get(part, info.annotation))
-    origin = get_origin(tp)
-    if origin in (dict, Mapping):
-        return _unwrap(get_args(tp)[1])
-    if origin in (list, Sequence):
-        return _unwrap(get_args(tp)[0])
-    return tp if _union_members(tp) else None
-
-
-def _union_members(tp: Any) -> list[type[BaseModel]]:
-    tp = _unwrap(tp)
-    if get_origin(tp) in (Union, types.UnionType):
-        members = [a for a in get_args(tp) if isinstance(a, type) and issubclass(a, BaseModel)]
-        if members and all(_tag_of(m) for m in members):
-            return members
-    return []
-
-
-def _tag_of(model: type[BaseModel]) -> str | None:
-    info = model.model_fields.get("type")
-    if info is None:
+def _child(node: Any, part: str | int) -> Any:
+    """The type of ``part`` in ``node``: a model's field (by name or alias), a mapping's
+    value, a list's item."""
+    if _is_model(node):
+        for name, info in node.model_fields.items():
+            if part in (name, info.alias):
+                hint = typing.get_type_hints(node, include_extras=True).get(name, info.annotation)
+                tag = info.discriminator if isinstance(info.discriminator, str) else None
+                return _resolve(hint, tag)
         return None
-    args = get_args(info.annotation)
-    return str(args[0]) if args else None
+    origin = get_origin(node)
+    if origin in (dict, Mapping):
+        return _resolve(get_args(node)[1])
+    if origin in (list, tuple, Sequence):
+        return _resolve(get_args(node)[0])
+    return None
+
+
+def _keys(node: Any) -> set[str]:
+    """The keys allowed in the mapping ``node`` describes, as the file spells them (an
+    alias such as ``for`` rather than ``for_``); every member's for a union."""
+    models = node.members.values() if isinstance(node, _Tagged) else [node]
+    return {
+        info.alias or name
+        for model in models
+        if _is_model(model)
+        for name, info in model.model_fields.items()
+    }
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _tag(model: type[BaseModel], field: str) -> str | None:
+    """The one value ``model``'s ``field`` may take (its ``Literal``), if it has one."""
+    info = model.model_fields.get(field)
+    values = get_args(info.annotation) if info is not None else ()
+    return str(values[0]) if len(values) == 1 else None

@@ -57,7 +57,7 @@ def test_serve_refuses_a_rule_on_a_metric_it_does_not_evaluate(
         timeout=60,
         stdin=subprocess.DEVNULL,
     )
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == 2, result.stdout + result.stderr
     assert "alerts.rules.1.metric: rule 'typo' watches 'id_context_recal'" in result.stderr
     assert "did you mean 'id_context_recall'?" in result.stderr
     assert "could never fire" in result.stderr

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpSpanExporter,
 )
@@ -208,7 +209,7 @@ def test_check_config_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     bad.write_text("exporters:\n  b:\n    type: otlp_http\n    endpont: http://127.0.0.1:6006\n")
     assert main(["check-config", str(good)]) == 0
     assert f"{good}: ok" in capsys.readouterr().out
-    assert main(["check-config", str(bad)]) == 1
+    assert main(["check-config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "exporters.b.endpont: unknown key (did you mean 'endpoint'?)" in err
     assert "exporters.b.endpoint: required key is missing" in err
@@ -244,7 +245,7 @@ def test_serve_with_a_bad_config_exits_non_zero_before_listening(tmp_path: Path)
     done = subprocess.run(
         [str(COLLECTOR), "serve", "--config", str(path)], capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert "assembly.decision_wiat: unknown key (did you mean 'decision_wait'?)" in done.stderr
     assert "listening" not in done.stderr
     assert time.monotonic() - started < 30
@@ -314,3 +315,121 @@ def test_serve_exits_1_when_a_port_is_taken(tmp_path: Path, taken: str) -> None:
     assert done.returncode == 1
     assert '"startup_failed"' in done.stderr
     assert str(port) in done.stderr
+
+
+# ------------------------------------------------- "did you mean" at every depth
+_RULE = {"name": "r", "metric": "contextual_recall", "window": "5m", "baseline": 0.8, "drop": 0.1}
+
+#: (a config with one misspelt key, the exact line that names it).
+MISSPELT_KEYS = [
+    pytest.param({"assembyl": {}}, "assembyl: unknown key (did you mean 'assembly'?)", id="top"),
+    pytest.param(
+        {"exporters": {"out": {"typ": "file", "path": "x.jsonl"}}},
+        "exporters.out.typ: unknown key (did you mean 'type'?)",
+        id="exporter-type",
+    ),
+    pytest.param(
+        {"exporters": {"out": {"type": "file", "pth": "x.jsonl"}}},
+        "exporters.out.pth: unknown key (did you mean 'path'?)",
+        id="exporter-key",
+    ),
+    pytest.param(
+        {"exporters": {"out": {"type": "fiel", "pth": "x.jsonl"}}},
+        "exporters.out.pth: unknown key (did you mean 'path'?)",
+        id="exporter-key-unknown-type",
+    ),
+    pytest.param(
+        {"exporters": {"o": {"type": "otlp_http", "endpoint": "http://a", "retry": {"jiter": 1}}}},
+        "exporters.o.retry.jiter: unknown key (did you mean 'jitter'?)",
+        id="exporter-retry",
+    ),
+    pytest.param(
+        {"receivers": {"http": {"tls": {"cert_fil": "x"}}}},
+        "receivers.http.tls.cert_fil: unknown key (did you mean 'cert_file'?)",
+        id="receiver-tls",
+    ),
+    pytest.param(
+        {"alerts": {"rules": [{**_RULE, "windw": "5m"}]}},
+        "alerts.rules[0].windw: unknown key (did you mean 'window'?)",
+        id="alert-rule",
+    ),
+    pytest.param(
+        {"alerts": [{**_RULE, "windw": "5m"}]},
+        "alerts.rules[0].windw: unknown key (did you mean 'window'?)",
+        id="alert-rule-bare-list",
+    ),
+    pytest.param(
+        {"alerts": {"rules": [{**_RULE, "fro": "1m"}]}},
+        "alerts.rules[0].fro: unknown key (did you mean 'for'?)",
+        id="alert-rule-alias",
+    ),
+    pytest.param(
+        {"alerts": {"rules": [{**_RULE, "baseline": {"kind": "fixed", "valeu": 0.8}}]}},
+        "alerts.rules[0].baseline.valeu: unknown key (did you mean 'value'?)",
+        id="alert-rule-baseline",
+    ),
+    pytest.param(
+        {"alerts": {"rules": [{"metric": "m", "kind": "canary", "segment": "s", "candidat": "c"}]}},
+        "alerts.rules[0].candidat: unknown key (did you mean 'candidate'?)",
+        id="canary-rule",
+    ),
+    pytest.param(
+        {"alerts": {"alertmanager": {"url": "http://x", "timout": 1}}},
+        "alerts.alertmanager.timout: unknown key (did you mean 'timeout'?)",
+        id="notifier",
+    ),
+    pytest.param(
+        {"judge": {"modle": "offline"}},
+        "judge.modle: unknown key (did you mean 'model'?)",
+        id="judge",
+    ),
+    pytest.param(
+        {"storage": {"directry": "wal"}},
+        "storage.directry: unknown key (did you mean 'directory'?)",
+        id="storage",
+    ),
+    pytest.param(
+        {"cases": {"retrievers": [{"match": {"span_nme": "kb"}, "documents": "a"}]}},
+        "cases.retrievers[0].match.span_nme: unknown key (did you mean 'span_name'?)",
+        id="cases",
+    ),
+    pytest.param(
+        {"metrics": {"faithfulness": {"treshold": 0.7}}},
+        "metrics.faithfulness.treshold: unknown key (did you mean 'threshold'?)",
+        id="metric-options",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "line"), MISSPELT_KEYS)
+def test_a_misspelt_key_gets_did_you_mean_at_any_depth(data: object, line: str) -> None:
+    assert line in _problems(data)
+
+
+def test_a_missing_key_explained_by_a_typo_is_not_the_only_problem() -> None:
+    problems = _problems({"exporters": {"out": {"typ": "file", "path": "x.jsonl"}}})
+    assert problems == [
+        "exporters.out.type: required key is missing "
+        "(one of: 'otlp_http', 'otlp_grpc', 'file', 'phoenix')",
+        "exporters.out.typ: unknown key (did you mean 'type'?)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("data", "line"),
+    [
+        *MISSPELT_KEYS,
+        pytest.param(
+            {"evaluation": {"metric_defaults": {"treshold": 0.7}}},
+            "evaluation.metric_defaults.treshold: unknown key (did you mean 'threshold'?)",
+            id="metric-defaults",
+        ),
+    ],
+)
+def test_check_config_prints_the_same_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], data: dict[str, object], line: str
+) -> None:
+    path = tmp_path / "collector.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    assert main(["check-config", str(path)]) != 0
+    assert f"  - {line}" in capsys.readouterr().err.splitlines()

@@ -375,6 +375,36 @@ def test_the_json_worker_process_does_not_echo_either() -> None:
     assert "DO-NOT-ECHO" not in message
 
 
+#: OTLP/JSON bodies, each wrong in another way, all carrying the secret where they can.
+BAD_JSON_BODIES = [
+    pytest.param(_json_with({**_IDS, "traceId": SECRET}), id="trace-id-not-hex"),
+    pytest.param(_json_with({**_IDS, "traceId": "abc"}), id="trace-id-odd-length"),
+    pytest.param(_json_with({**_IDS, "traceId": 12}), id="trace-id-a-number"),
+    pytest.param(
+        _json_with({**_IDS, "links": [{"traceId": _IDS["traceId"], "spanId": SECRET}]}),
+        id="link-span-id",
+    ),
+    pytest.param(_json_with({**_IDS, "name": {"v": SECRET}}), id="schema"),
+    pytest.param(b'{"resourceSpans": ["' + SECRET.encode() + b'" oops', id="syntax"),
+    pytest.param(b'{"resourceSpans": "\xff' + SECRET.encode() + b'"}', id="not-utf8"),
+    pytest.param(b"[1, 2]", id="not-an-object"),
+    pytest.param(b"[" * 50_000, id="nested-too-deeply"),
+]
+
+
+@pytest.mark.parametrize("body", BAD_JSON_BODIES)
+def test_every_otlp_json_body_error_has_the_same_prefix(
+    collector: CollectorThread, capfd: pytest.CaptureFixture[str], body: bytes
+) -> None:
+    capfd.readouterr()
+    status, headers, answer = post(collector.http_url, body, JS)
+    assert status == 400
+    message = status_of(answer, headers["Content-Type"]).message
+    assert message.startswith("invalid OTLP/JSON: "), message
+    assert message.count("invalid OTLP/JSON") == 1, message
+    _assert_not_echoed(answer, capfd)
+
+
 def test_http_partial_success_for_spans_with_bad_ids(
     collector: CollectorThread, sink: OtlpSink
 ) -> None:

@@ -120,11 +120,11 @@ def test_endpoint_flags_and_set_override_the_file(tmp_path: Path) -> None:
 
 
 def test_set_rejects_a_bad_key_or_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve", "--set", "sampling.rte=1"]) == 1
+    assert main(["serve", "--set", "sampling.rte=1"]) == 2
     assert "sampling.rte: unknown key (did you mean 'rate'?)" in capsys.readouterr().err
     path = tmp_path / "c.yaml"
     path.write_text("logging: {level: info}\n")
-    assert main(["serve", "--config", str(path), "--set", "logging.level.x=1"]) == 1
+    assert main(["serve", "--config", str(path), "--set", "logging.level.x=1"]) == 2
     assert "logging.level is not a section" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["serve", "--set", "no-equals-sign"])

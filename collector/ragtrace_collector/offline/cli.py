@@ -28,6 +28,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ragtrace_collector.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from ragtrace_collector.metrics import (
     METRIC_NAMES,
     OFFLINE_METRICS,
@@ -46,11 +47,8 @@ from ragtrace_collector.offline.runner import (
 
 __all__ = ["EXIT_CODES", "epilog", "eval_command"]
 
-EXIT_OK = 0
 EXIT_PROBLEMS = 1
-EXIT_USAGE = 2
 EXIT_GATE = 3
-EXIT_INTERRUPTED = 130
 
 #: Exit code -> meaning (``--help`` and docs/offline-evaluation.md say the same).
 EXIT_CODES = {
@@ -58,7 +56,8 @@ EXIT_CODES = {
     EXIT_PROBLEMS: "some rows were bad (reported with line and field, skipped; the other "
     "rows were evaluated) or some results are errors (e.g. judge failures)",
     EXIT_USAGE: "nothing was evaluated: bad path, empty file, unsupported format, unknown "
-    "metric, invalid option, bad judge or config file",
+    "metric, invalid option, or a config file that cannot be read or is invalid (2 in "
+    "every command)",
     EXIT_GATE: "the quality gate failed (--fail-under, --fail-on-case-failure), or a "
     "metric it gates scored no row (unless --allow-unscored); 1 wins when rows were bad too",
     EXIT_INTERRUPTED: "interrupted",

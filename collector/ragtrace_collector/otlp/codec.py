@@ -93,8 +93,9 @@ class OtlpDecodeError(ValueError):
 
 
 def decode_failure(exc: BaseException) -> str:
-    """What the receivers answer when decoding raised something other than
-    :class:`OtlpDecodeError`: only the kind of error, as its message may quote the body."""
+    """What to answer when decoding raised something other than
+    :class:`OtlpDecodeError`: only the kind of error, as its message may quote the body
+    (the receivers' last resort, and the OTLP/JSON decoder's)."""
     return f"cannot decode the request ({type(exc).__name__})"
 
 
@@ -251,33 +252,48 @@ def decode_protobuf_request(body: bytes) -> ExportTraceServiceRequest:
 
 
 def decode_json_request(body: bytes) -> ExportTraceServiceRequest:
-    """Parse an OTLP/JSON ExportTraceServiceRequest (hex ids, integer or named enums)."""
+    """Parse an OTLP/JSON ExportTraceServiceRequest (hex ids, integer or named enums).
+
+    Every problem, whatever finds it, raises :class:`OtlpDecodeError` with the message
+    ``invalid OTLP/JSON: <what, where>``; the prefix is added here and nowhere else."""
+    try:
+        return _parse_json_request(body)
+    except _JsonProblem as exc:
+        problem = str(exc)
+    except Exception as exc:  # whatever a hostile body provokes: its kind, never its text
+        problem = decode_failure(exc)
+    raise OtlpDecodeError(f"invalid OTLP/JSON: {problem}")
+
+
+class _JsonProblem(Exception):
+    """What is wrong with an OTLP/JSON body, said by position and type, never by value."""
+
+
+def _parse_json_request(body: bytes) -> ExportTraceServiceRequest:
     try:
         data = json.loads(body)
     except UnicodeDecodeError as exc:
-        raise OtlpDecodeError(f"malformed JSON: body is not UTF-8 ({exc.reason})") from None
+        raise _JsonProblem(f"malformed JSON: body is not UTF-8 ({exc.reason})") from None
     except json.JSONDecodeError as exc:
-        raise OtlpDecodeError(
+        raise _JsonProblem(
             f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
     except RecursionError:
-        raise OtlpDecodeError("malformed JSON: nested too deeply") from None
+        raise _JsonProblem("malformed JSON: nested too deeply") from None
     if not isinstance(data, dict):
-        raise OtlpDecodeError("malformed JSON: the top level must be an object")
+        raise _JsonProblem("malformed JSON: the top level must be an object")
     _hex_ids_to_base64(data)
     # Checked against the schema first: the parser would take a string where an object
     # belongs for an empty message (an attribute's value silently lost), and its error
     # messages quote the offending value.  See otlp.problems.
     problem = json_problem(data)
     if problem is not None:
-        raise OtlpDecodeError(f"invalid OTLP/JSON: {problem}")
+        raise _JsonProblem(problem)
     request = ExportTraceServiceRequest()
     try:
         json_format.ParseDict(data, request, ignore_unknown_fields=True)
     except (json_format.ParseError, ValueError, TypeError, AttributeError, RecursionError) as exc:
-        raise OtlpDecodeError(
-            f"invalid OTLP/JSON: not an ExportTraceServiceRequest ({type(exc).__name__})"
-        ) from None
+        raise _JsonProblem(f"not an ExportTraceServiceRequest ({type(exc).__name__})") from None
     return request
 
 
@@ -310,11 +326,11 @@ def _convert_ids(obj: Any, keys: tuple[str, ...], where: str) -> None:
         if value is None:
             continue
         if not isinstance(value, str):
-            raise OtlpDecodeError(f"{where}.{key}: expected a hex string, got {json_type(value)}")
+            raise _JsonProblem(f"{where}.{key}: expected a hex string, got {json_type(value)}")
         try:
             raw = bytes.fromhex(value)
         except ValueError:
-            raise OtlpDecodeError(
+            raise _JsonProblem(
                 f"{where}.{key}: expected a hex string, got a string of {len(value)} "
                 "characters that is not hex (OTLP/JSON ids are hex)"
             ) from None

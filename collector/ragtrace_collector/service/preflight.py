@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from ragtrace_collector.config import CollectorConfig, ConfigError, load_config
+from ragtrace_collector.config import CollectorConfig, ConfigError, describe_errors, load_config
+from ragtrace_collector.exitcodes import EXIT_OK, EXIT_USAGE
 from ragtrace_collector.metrics import (
     METRIC_NAMES,
     OFFLINE_METRICS,
@@ -75,16 +76,8 @@ def metric_defaults_problems(defaults: Mapping[str, Any]) -> list[str]:
     try:
         MetricOptions.model_validate(dict(defaults))
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors(include_url=False):
-            key = ".".join(str(p) for p in error["loc"])
-            if error["type"] == "extra_forbidden":
-                close = difflib.get_close_matches(key, list(MetricOptions.model_fields), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                problems.append(f"evaluation.metric_defaults.{key}: unknown key{hint}")
-            else:
-                problems.append(f"evaluation.metric_defaults.{key}: {error['msg']}")
-        return problems
+        at = ("evaluation", "metric_defaults")
+        return [line for _loc, line in describe_errors(exc, MetricOptions, at)]
     return []
 
 
@@ -195,22 +188,23 @@ def preflight_problems(
 
 # ---------------------------------------------------------------- check-config
 def check_config_command(path: Path) -> int:
-    """``ragtrace-collector check-config FILE``: 0 valid, 1 invalid, 2 unreadable.
+    """``ragtrace-collector check-config FILE``: 0 valid; 2 (:data:`EXIT_USAGE`, as
+    every command says of a configuration it cannot use) when the file cannot be read
+    or is invalid.
 
     Reports every problem in one run: the schema's and, on the sections that passed
     it, every check ``serve`` runs before it listens."""
     try:
         config = load_config(path)
     except ConfigError as exc:
-        unreadable = any(p == "file not found" or p.startswith("cannot read") for p in exc.problems)
         if exc.partial is not None:
             exc.problems += preflight_problems(exc.partial, skip=exc.failed_sections)
         print(exc.render(), file=sys.stderr)
-        return 2 if unreadable else 1
+        return EXIT_USAGE
     problems = preflight_problems(config)
     if problems:
         print(ConfigError(problems, str(path)).render(), file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     exporters = ", ".join(f"{name} ({e.type})" for name, e in config.exporters.items())
     receivers = [
         f"{kind} {cfg.endpoint}"
@@ -223,4 +217,4 @@ def check_config_command(path: Path) -> int:
     if config.evaluation.enabled:
         names = [m.name for m in checked_metrics(config)[0]]
         print(f"  metrics: {', '.join(names) or 'none'}")
-    return 0
+    return EXIT_OK

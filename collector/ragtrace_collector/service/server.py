@@ -15,9 +15,12 @@ ready.  On SIGTERM or SIGINT:
    (``ragtrace-collector replay`` sends them again).  With a log, what was not
    delivered stays in it for the next start, and the exit is 0.
 
-A configuration error is reported (key and problem) before anything listens, and
-``serve`` exits 1; so does a port that cannot be bound, named with its config key
-(:mod:`ragtrace_collector.service.ports`).
+A configuration that cannot be used (a file that cannot be read, or any problem
+``check-config`` reports: key and problem, the same lines) is reported before anything
+starts, and ``serve`` exits 2, as every command does for it
+(:mod:`ragtrace_collector.exitcodes`).  A failure to start that ``check-config`` cannot
+foresee exits 1: a port that cannot be bound, named with its config key
+(:mod:`ragtrace_collector.service.ports`), or a part that fails as it is built.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from ragtrace_collector.component.logs import configure_logging, get_logger, red
 from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.config import CollectorConfig, ConfigError, load_config
 from ragtrace_collector.evaluation.stage import EvaluationStage
+from ragtrace_collector.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from ragtrace_collector.exporters import Exporter, build_exporter
 from ragtrace_collector.receivers.auth import BearerAuth
 from ragtrace_collector.receivers.decode import Decoder
@@ -45,11 +49,17 @@ from ragtrace_collector.receivers.http import HttpReceiver
 from ragtrace_collector.service.looplag import LoopLagMonitor
 from ragtrace_collector.service.pipeline import PassThroughProcessor, Pipeline, TraceProcessor
 from ragtrace_collector.service.ports import Endpoint, StartupError, bind_problem, port_problems
+from ragtrace_collector.service.preflight import preflight_problems
 from ragtrace_collector.service.stages import build_stage
 from ragtrace_collector.storage import Storage
 from ragtrace_collector.storage.spill import write_spill
 
-__all__ = ["CollectorService", "serve_command"]
+__all__ = ["EXIT_CANNOT_START", "EXIT_UNDELIVERED", "CollectorService", "serve_command"]
+
+#: serve could not start for a reason check-config cannot foresee (a port in use).
+EXIT_CANNOT_START = 1
+#: Without a write-ahead log: spans were not delivered by the shutdown deadline.
+EXIT_UNDELIVERED = 3
 
 
 class CollectorService:
@@ -85,12 +95,20 @@ class CollectorService:
             self.host.register(self.stage.evaluator)
             if self.stage.pool is not None:
                 self.host.register(self.stage.pool)
-        elif config.alerts.rules:
-            self._log.warning(
-                "alerts_without_evaluation",
-                detail="evaluation is off, so no scores reach the alert rules",
-                rules=[r.name for r in config.alerts.rules],
-            )
+        else:
+            if processor is None:
+                # build_stage runs check-config's checks; with evaluation off, those
+                # that still apply (the storage directory) run here, so that serve
+                # refuses what check-config reports whether evaluation is on or off.
+                problems = preflight_problems(config)
+                if problems:
+                    raise ConfigError(problems)
+            if config.alerts.rules:
+                self._log.warning(
+                    "alerts_without_evaluation",
+                    detail="evaluation is off, so no scores reach the alert rules",
+                    rules=[r.name for r in config.alerts.rules],
+                )
         # The file exporter syncs per the log's policy; without a log there is no entry
         # for it to keep, so it leaves flushing to the OS.
         fsync = config.storage.fsync if config.storage.directory is not None else "never"
@@ -397,11 +415,11 @@ async def _serve(config: CollectorConfig, source: str) -> int:
     except ConfigError as exc:  # serve's checks (the ones check-config runs)
         log.error("startup_failed", error="invalid configuration", problems=exc.problems)
         print(ConfigError(exc.problems, source).render(), file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     except Exception as exc:  # settings that fail only when built
         log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
         print(redact(f"ragtrace-collector: cannot start: {exc}"), file=sys.stderr)
-        return 1
+        return EXIT_CANNOT_START
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -413,20 +431,20 @@ async def _serve(config: CollectorConfig, source: str) -> int:
     if not starting.done():
         starting.cancel()  # start() undoes what it did; the log keeps what it holds
         await asyncio.gather(starting, return_exceptions=True)
-        return 0
+        return EXIT_OK
     signalled.cancel()
     error = starting.exception()
     if isinstance(error, StartupError):  # a port in use, not allowed, not an address here
         log.error("startup_failed", error=str(error))
         print(f"ragtrace-collector: cannot start:\n  - {_bullets(error)}", file=sys.stderr)
-        return 1
-    if error is not None:  # an unreadable certificate, a locked directory...
+        return EXIT_CANNOT_START
+    if error is not None:  # an unreadable certificate, a directory locked since the check...
         log.error("startup_failed", error=f"{type(error).__name__}: {error}")
         print(f"ragtrace-collector: cannot start: {error}", file=sys.stderr)
-        return 1
+        return EXIT_CANNOT_START
     await stop.wait()
     await service.stop()
-    return 3 if service.spans_undelivered else 0
+    return EXIT_UNDELIVERED if service.spans_undelivered else EXIT_OK
 
 
 def _bullets(exc: StartupError) -> str:
@@ -468,12 +486,13 @@ def tune_interpreter() -> None:
 
 def serve_command(config_path: Path | None, overrides: Mapping[str, str] | None = None) -> int:
     """``ragtrace-collector serve [--config FILE] [--set KEY=VALUE ...]``; returns the
-    exit code.  ``overrides`` (dotted key -> YAML value) win over the file."""
+    exit code (see the module's docstring).  ``overrides`` (dotted key -> YAML value)
+    win over the file."""
     try:
         config = load_config(config_path, overrides=overrides)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     configure_logging(
         config.logging.level,
         config.logging.format,
@@ -484,4 +503,4 @@ def serve_command(config_path: Path | None, overrides: Mapping[str, str] | None 
         source = str(config_path) if config_path is not None else "(defaults)"
         return asyncio.run(_serve(config, source))
     except KeyboardInterrupt:  # a signal before the handlers were installed
-        return 130
+        return EXIT_INTERRUPTED
