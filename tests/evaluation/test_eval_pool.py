@@ -78,9 +78,12 @@ def _rag_trace(
     session: str | None = None,
     turn: int | None = None,
     extra_spans: int = 0,
+    repeat: int = 1,
 ) -> AssembledTrace:
+    """A RAG trace with ground truth; ``repeat`` > 1 makes each document its first
+    ``1/repeat`` repeated (a large context without generating every word)."""
     tid = rng.randbytes(16)
-    texts = [_text(rng, context_chars // docs) for _ in range(docs)]
+    texts = [(_text(rng, context_chars // docs // repeat) + " ") * repeat for _ in range(docs)]
     attrs: dict[str, Any] = {
         semconv.INPUT_VALUE: "What is the capital of France and its famous tower?",
         semconv.OUTPUT_VALUE: _text(rng, 200),
@@ -183,9 +186,13 @@ def _without_span_ids(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def test_huge_trace_times_out_in_a_worker_without_blocking_the_loop() -> None:
-    """Several MB of context with ground truth (bounds raised): the offline judge
-    runs in a worker, the loop stays free, metric_timeout kills and replaces it."""
-    ev = _evaluator(1, ("contextual_recall",), metric_timeout=0.3, max_context_chars=10_000_000)
+    """Tens of MB of context with ground truth (bounds raised): the offline judge
+    runs in a worker, the loop stays free, metric_timeout kills and replaces it.
+
+    The offline judge reads the context at about 15 MB/s on an idle machine, so 32 MB
+    keeps it busy about 2 s: several times the 0.3 s timeout, however fast the machine.
+    (At 4 MB the metric finished in 0.3 s and the test depended on the machine.)"""
+    ev = _evaluator(1, ("contextual_recall",), metric_timeout=0.3, max_context_chars=100_000_000)
     assert ev.pool is not None
     ev.start()
     fwd = _Forwarded()
@@ -194,7 +201,7 @@ async def test_huge_trace_times_out_in_a_worker_without_blocking_the_loop() -> N
         ev.submit(_rag_trace(random.Random(1)), fwd)
         await fwd.wait_for(1, limit=60)
         first_pid = ev.pool.pids
-        huge = _rag_trace(random.Random(2), context_chars=4_000_000, docs=8)
+        huge = _rag_trace(random.Random(2), context_chars=32_000_000, docs=8, repeat=8)
         ev.submit(huge, fwd)
         # The loop is free while the worker computes: timers run, the trace waits.
         for _ in range(5):
