@@ -61,7 +61,7 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "check-config does not check (a port that cannot be bound, named with its config "
         "key); 2 the configuration file cannot be read or is invalid (the problems "
         "check-config reports, with the same lines); 3 spans were not delivered by the "
-        "shutdown deadline (without storage.directory).",
+        "shutdown deadline (without storage.directory); 130 interrupted while starting.",
     )
     serve.add_argument(
         "--config", type=Path, default=None, help="collector.yaml (default: built-in defaults)"
