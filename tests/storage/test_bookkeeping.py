@@ -20,6 +20,10 @@ _CHECKPOINT = struct.Struct("<QI")
 _FILLER = 40_000
 
 
+def _segments(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.glob("*.wal"))
+
+
 def _checkpoint(directory: Path) -> int:
     seq, crc = _CHECKPOINT.unpack((directory / "checkpoint").read_bytes())
     assert zlib.crc32(struct.pack("<Q", seq)) == crc
@@ -118,7 +122,7 @@ async def test_marks_outlive_their_segment_while_they_are_needed(tmp_path: Path)
     fillers settled in entry 1's segment must come back settled."""
     storage = await _open_small(tmp_path, ["a", "b"])
     first, *fillers = await _fill(storage, 4)  # the 4th opens the second segment
-    files = sorted(tmp_path.glob("*.wal"))
+    files = _segments(tmp_path)
     assert len(files) == 2, "the first segment is full"
     storage.settle([_group(first)], 0)  # "a" delivered it: a mark in the second segment
     await asyncio.sleep(0.05)
@@ -126,8 +130,8 @@ async def test_marks_outlive_their_segment_while_they_are_needed(tmp_path: Path)
     for exporter in (0, 1):
         storage.settle([_group(s) for s in fillers], exporter)
     await asyncio.sleep(0.05)
-    assert files[1] not in sorted(tmp_path.glob("*.wal")), "the second segment went"
-    assert files[0].exists(), "the first stays: entry 1 is held"
+    assert files[1] not in _segments(tmp_path), "the second segment went"
+    assert files[0] in _segments(tmp_path), "the first stays: entry 1 is held"
     await storage.close()
 
     again = await _open_small(tmp_path, ["a", "b"])
@@ -147,7 +151,7 @@ async def test_an_output_record_gone_with_its_segment_leaves_its_source_settled(
     once entry 2 settles.  Entry 2 itself is still on disk (entry 1 holds its segment):
     a restart must take it as settled, not evaluate it again."""
     storage = await _open_small(tmp_path, ["a"])
-    first, second, third = await _fill(storage, 3)
+    _, second, third = await _fill(storage, 3)
     pinned = storage.pin([second])
     results = await _output(storage, [second])  # opens the second segment
     storage.settle([_group(second), _group(third)], 0)
@@ -156,8 +160,7 @@ async def test_an_output_record_gone_with_its_segment_leaves_its_source_settled(
     fillers = await _fill(storage, 6)
     storage.settle([_group(s) for s in fillers], 0)
     await asyncio.sleep(0.05)
-    names = [p.name for p in sorted(tmp_path.glob("*.wal"))]
-    assert f"{results:020d}.wal" not in names, "the results record's segment went"
+    assert f"{results:020d}.wal" not in _segments(tmp_path), "the results record's segment went"
     await storage.close()
 
     again = await _open_small(tmp_path, ["a"])
