@@ -200,7 +200,9 @@ class Pipeline:
         self.ledger: OutputLedger | None = None
         if storage is not None:
             storage.set_exporters([e.name for e in self.exporters])
-            self.ledger = OutputLedger(hold=self._hold, results=self._log_results)
+            self.ledger = OutputLedger(
+                hold=self._hold, results=self._log_results, reached=self._reached
+            )
 
     # ---------------------------------------------------------------- state
     @property
@@ -458,6 +460,12 @@ class Pipeline:
                 )
 
         future.add_done_callback(done)
+
+    def _reached(self, trace: AssembledTrace) -> bool:
+        """Whether a replayed delivery mark says an exporter had some of ``trace``."""
+        assert self._storage is not None
+        delivered = self._storage.delivered
+        return bool(delivered) and any(delivered.get(g.wal_seq) for g in trace.groups)
 
     def _settled_before(self, trace: AssembledTrace) -> bool:
         """Whether every group of ``trace`` came from an entry settled before a restart."""
