@@ -117,7 +117,7 @@ from ragtrace_collector.storage.outputs import (
 )
 from ragtrace_collector.storage.service import Storage
 from ragtrace_collector.storage.spill import Outstanding
-from ragtrace_collector.storage.wal import KIND_REQUEST, AppendTimeout, Record, StorageError
+from ragtrace_collector.storage.wal import KIND_REQUEST, Record, StorageError
 
 __all__ = [
     "AssembledTrace",
@@ -432,11 +432,13 @@ class Pipeline:
         delay: float = 0.1,
     ) -> None:
         """Write an output record; a failed write (a full disk) is tried again until it
-        succeeds or the log closes (the hold keeps the sources meanwhile)."""
+        succeeds or the log closes (the hold keeps the sources meanwhile).  The write is
+        not bounded by the append timeout (no client waits for it): its future tells
+        its outcome, however late."""
         storage = self._storage
         assert storage is not None
         try:
-            future = storage.append(payload, tag=tag, admit=admit, kind=KIND_OUTPUT)
+            future = storage.append(payload, tag=tag, admit=admit, kind=KIND_OUTPUT, timeout=False)
         except StorageError as exc:
             self._log.error("output_not_logged", error=str(exc))
             return
@@ -445,8 +447,6 @@ class Pipeline:
             if fut.cancelled() or fut.exception() is None:
                 return
             error = fut.exception()
-            if isinstance(error, AppendTimeout):
-                return  # still being written: admitted once it is
             self._log.warning("output_log_retrying", error=str(error), retry_in=delay)
             if self._loop is not None:
                 self._loop.call_later(
