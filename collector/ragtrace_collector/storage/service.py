@@ -119,6 +119,7 @@ _SETTLED: Final = -1
 #: After a failed write, the disk is probed this often, with at most this many bytes.
 _PROBE_EVERY: Final = 0.5
 _PROBE_MAX_BYTES: Final = 1024 * 1024
+_WRITER_GONE: Final = "the write-ahead log writer has stopped"
 #: The writer's pause after an unexpected exception, doubling up to the maximum.
 _WRITER_BACKOFF: Final = (0.05, 5.0)
 
@@ -166,6 +167,8 @@ class _Append:
     admit: Callable[[], None]
     future: asyncio.Future[None]
     queued: float
+    #: Whether the future fails at the append timeout (False: it waits for the outcome).
+    expires: bool = True
 
 
 class Storage(Component):
@@ -242,6 +245,8 @@ class Storage(Component):
         #: Writer side: bytes to probe the disk with after a failed write (0: no probe).
         self._probe_bytes = 0
         self._stall_timer: asyncio.TimerHandle | None = None
+        #: Set on the loop when the writer thread has ended (not by close).
+        self._writer_gone = False
         self._closed = False
         #: Entries replayed at start, and how many spans' requests they held.
         self.replayed_entries = 0
@@ -271,8 +276,8 @@ class Storage(Component):
         if self._write_error is not None:
             return "storage_error", f"the write-ahead log cannot be written: {self._write_error}"
         if self._loop is not None and not self._closed:
-            if self._thread is not None and not self._thread.is_alive():
-                return "storage_error", "the write-ahead log writer has stopped"
+            if self._writer_gone or (self._thread is not None and not self._thread.is_alive()):
+                return "storage_error", _WRITER_GONE
             if self._waiting:
                 oldest = next(iter(self._waiting.values()))
                 waited = self._loop.time() - oldest.queued
@@ -362,10 +367,14 @@ class Storage(Component):
         tag: Callable[[int], int],
         admit: Callable[[], None],
         kind: int = KIND_REQUEST,
+        timeout: bool = True,
     ) -> asyncio.Future[None]:
         """Write one record (a request, by default); the future resolves once it is
-        durable, or fails with :class:`StorageError` (write error, or not written
-        within the append timeout).
+        durable, or fails with :class:`StorageError` (write error, the writer thread
+        gone, or, with ``timeout``, not written within the append timeout:
+        :class:`AppendTimeout`, though the record may still land).  ``timeout=False``
+        (outputs: no client waits) makes the future wait for the write's outcome, so a
+        write that fails after the timeout is still seen as failed.
 
         On the event loop, right after the write: ``tag(seq)`` marks the request's span
         groups with the entry's sequence number and returns its reference count, then
@@ -375,11 +384,13 @@ class Storage(Component):
         loop = self._loop
         if loop is None or self._closed:
             raise StorageError("storage is not open")
+        if self._writer_gone:
+            raise StorageError(_WRITER_GONE)
         seq = self._next_seq
         self._next_seq += 1
         size = len(payload) if isinstance(payload, bytes) else payload.ByteSize()
         future: asyncio.Future[None] = loop.create_future()
-        self._waiting[seq] = _Append(seq, payload, size, tag, admit, future, loop.time())
+        self._waiting[seq] = _Append(seq, payload, size, tag, admit, future, loop.time(), timeout)
         self._pending_bytes += size
         self._ops.put(("append", (seq, payload, size, kind)))
         if self._stall_timer is None:
@@ -398,7 +409,7 @@ class Storage(Component):
         for item in self._waiting.values():
             if now - item.queued < self._append_timeout:
                 break
-            if not item.future.done():
+            if item.expires and not item.future.done():
                 expired += 1
                 item.future.set_exception(
                     AppendTimeout(
@@ -449,14 +460,7 @@ class Storage(Component):
         self.full()  # back to ok from a stall, or to recoverable_error while full
 
     def _failed(self, seqs: list[int], error: str, *, bug: bool = False) -> None:
-        for seq in seqs:
-            item = self._waiting.pop(seq, None)
-            if item is None:
-                continue
-            self._mark_records.pop(seq, None)
-            self._pending_bytes -= item.size
-            if not item.future.done():
-                item.future.set_exception(StorageError(error))
+        self._fail_waiting(seqs, error)
         if bug:  # the writer failed unexpectedly and goes on: counted, recoverable
             if self._host is not None:
                 self._host.failed(self)
@@ -465,9 +469,25 @@ class Storage(Component):
         self._write_error = error
         self.report(Status.PERMANENT_ERROR, error)
 
+    def _fail_waiting(self, seqs: list[int], error: str) -> None:
+        """These writes will not land: their waiters get :class:`StorageError`."""
+        for seq in seqs:
+            item = self._waiting.pop(seq, None)
+            if item is None:
+                continue
+            self._mark_records.pop(seq, None)
+            self._pending_bytes -= item.size
+            if not item.future.done():
+                item.future.set_exception(StorageError(error))
+
     def _writer_stopped(self) -> None:
-        if not self._closed:
-            self.report(Status.PERMANENT_ERROR, "the storage writer thread has stopped")
+        """The writer thread has ended (not by :meth:`close`): nothing will be written,
+        so every write waiting fails now instead of at its timeout."""
+        if self._closed:
+            return
+        self._writer_gone = True
+        self._fail_waiting(list(self._waiting), _WRITER_GONE)
+        self.report(Status.PERMANENT_ERROR, "the storage writer thread has stopped")
 
     def _new_active(self, first: int) -> None:
         previous = self._active
