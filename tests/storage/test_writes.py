@@ -1,7 +1,8 @@
-"""Writes that fail late, and a writer that dies (issue 27, defects 4 and 7), in
-process on a real log directory: an output write that first outlives the append
-timeout and then fails is retried like any failed output write, so its hold ends; a
-dead writer thread fails the writes waiting on it at once."""
+"""Writes that fail late, a writer that dies, a log at its bound (issue 27, defects 4,
+7 and 6), in process on a real log directory: an output write that first outlives the
+append timeout and then fails is retried like any failed output write, so its hold
+ends; a dead writer thread fails the writes waiting on it at once; outputs count
+against ``storage.max_size``, which the segments never pass by more than a segment."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
@@ -23,6 +25,7 @@ from ragtrace_collector.storage.config import StorageConfig
 from ragtrace_collector.storage.outputs import KIND_OUTPUT
 from ragtrace_collector.storage.service import Storage
 from ragtrace_collector.storage.wal import FileOps, StorageError
+from tests.storage.test_bookkeeping import _fill
 from tests.storage.test_output_ledger import _group, _replay, _write
 
 _TRACE_ID = b"\x01" * 16
@@ -131,4 +134,47 @@ async def test_a_dead_writer_fails_waiting_writes_at_once(tmp_path: Path) -> Non
     refused = storage.refusal()
     assert refused is not None
     assert refused[0] == "storage_error"
+    await storage.close()
+
+
+def _segment_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.glob("*.wal"))
+
+
+async def test_outputs_count_against_max_size(tmp_path: Path) -> None:
+    """Defect 6: requests fill the log to ``max_size`` (1 MiB, segments of 128 KiB);
+    then copies of results (a quarter of a request each) are logged for every trace, and a
+    carrier.  The segments on disk never pass ``max_size`` by more than a segment; the
+    carrier (needed) is written, the copies that do not fit are left out."""
+    max_size, segment = 1024 * 1024, 128 * 1024
+    storage = Storage(StorageConfig(directory=tmp_path, max_size=max_size))
+    pipeline = Pipeline(
+        assembly=AssemblyConfig(),
+        exporters=[],
+        processor=PassThroughProcessor(),
+        telemetry=Telemetry(),
+        storage=storage,
+    )
+    await storage.start()
+    await pipeline.start()
+    seqs: list[int] = []
+    while storage.refusal() is None:
+        seqs += await _fill(storage, 1)
+    big = common_pb2.KeyValue(key="x", value=common_pb2.AnyValue(string_value="r" * 10_000))
+    assert pipeline.ledger is not None
+    for seq in seqs:
+        span = trace_pb2.Span(trace_id=_TRACE_ID, span_id=seq.to_bytes(8), attributes=[big])
+        pipeline.ledger.results(_trace([_group(seq)]), [span])
+        await asyncio.sleep(0)
+    hold = pipeline.ledger.hold(_trace([_group(seqs[0])]))
+    carrier = trace_pb2.Span(trace_id=_TRACE_ID, span_id=b"\x03" * 8, name="carrier")
+    hold.forward(_trace([SpanGroup(None, "", None, "", [carrier])]))
+    hold.release()
+    await _until(lambda: not hold.sources)  # the carrier was logged, after the copies
+    assert _segment_bytes(tmp_path) <= max_size + segment
+    logged = len(seqs) - pipeline.results_not_logged  # copies written (held by sources)
+    await _until(lambda: storage.unsettled_entries == len(seqs) + logged + 1)  # none in flight
+    assert storage.disk_bytes == _segment_bytes(tmp_path)
+    assert 0 < pipeline.results_not_logged < len(seqs)
+    await pipeline.shutdown(processor_timeout=1.0, flush_timeout=1.0)
     await storage.close()

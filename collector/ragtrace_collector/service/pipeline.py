@@ -198,6 +198,8 @@ class Pipeline:
         )
         #: The processor's view of the log (outputs, holds, results found at start).
         self.ledger: OutputLedger | None = None
+        #: Copies of results not logged because the log was at its bound.
+        self.results_not_logged = 0
         if storage is not None:
             storage.set_exporters([e.name for e in self.exporters])
             self.ledger = OutputLedger(
@@ -416,6 +418,14 @@ class Pipeline:
             return
         request = build_request([SpanGroup(None, "", None, "", spans)]).SerializeToString()
         payload = encode_output(sources, request)
+        if not storage.room_for_output(len(payload), needed=False):
+            # The log is at its bound (storage.max_size): the copy is left out; a
+            # replay after a crash would evaluate this trace again, nothing is lost.
+            self.results_not_logged += 1
+            self._log.warning(
+                "results_not_logged", reason="storage_full", trace_id=trace.trace_id_hex
+            )
+            return
 
         def tag(seq: int) -> int:
             storage.outputs_of(seq, sources)
@@ -437,6 +447,17 @@ class Pipeline:
         its outcome, however late."""
         storage = self._storage
         assert storage is not None
+
+        def retry(error: str) -> None:
+            self._log.warning("output_log_retrying", error=error, retry_in=delay)
+            if self._loop is not None:
+                self._loop.call_later(
+                    delay, self._append_output, payload, tag, admit, hold, min(delay * 2, 5.0)
+                )
+
+        if not storage.room_for_output(len(payload)):
+            retry("the write-ahead log is at its bound (storage.max_size)")
+            return
         try:
             future = storage.append(payload, tag=tag, admit=admit, kind=KIND_OUTPUT, timeout=False)
         except StorageError as exc:
@@ -444,20 +465,8 @@ class Pipeline:
             return
 
         def done(fut: asyncio.Future[None]) -> None:
-            if fut.cancelled() or fut.exception() is None:
-                return
-            error = fut.exception()
-            self._log.warning("output_log_retrying", error=str(error), retry_in=delay)
-            if self._loop is not None:
-                self._loop.call_later(
-                    delay,
-                    self._append_output,
-                    payload,
-                    tag,
-                    admit,
-                    hold,
-                    min(delay * 2, 5.0),
-                )
+            if not fut.cancelled() and fut.exception() is not None:
+                retry(str(fut.exception()))
 
         future.add_done_callback(done)
 

@@ -90,6 +90,7 @@ from ragtrace_collector.storage.outputs import (
     encode_marks,
 )
 from ragtrace_collector.storage.wal import (
+    HEADER_SIZE,
     KIND_REQUEST,
     AppendTimeout,
     FileOps,
@@ -187,11 +188,12 @@ class Storage(Component):
             raise ValueError("storage.directory is not set")
         self._config = config
         self._max_size = config.max_size
+        self._segment_size = segment_size_for(config.max_size)
         self._append_timeout = config.append_timeout
         skipped = telemetry.wal_records_skipped if telemetry is not None else None
         self._wal = WriteAheadLog(
             config.directory,
-            segment_size=segment_size_for(config.max_size),
+            segment_size=self._segment_size,
             fsync=config.fsync,
             file_ops=file_ops,
             on_skipped=(lambda reason: skipped.labels(reason).inc()) if skipped else None,
@@ -289,6 +291,17 @@ class Storage(Component):
         if self.full():
             return "storage_full", "the write-ahead log is full until exporters deliver"
         return None
+
+    def room_for_output(self, size: int, *, needed: bool = True) -> bool:
+        """Whether an output record of ``size`` payload bytes may be written now.
+        Requests stop at ``max_size``; outputs may take one segment more: ``needed``
+        ones (carriers, whose results exist nowhere else) up to ``max_size`` plus a
+        segment, optional ones (copies of results written on a span, which only spare
+        a judge call after a crash) up to ``max_size`` plus half a segment, so that they
+        never take the room carriers need."""
+        extra = self._segment_size if needed else self._segment_size // 2
+        used = self._disk_bytes + self._pending_bytes + size + HEADER_SIZE
+        return used <= self._max_size + extra
 
     def full(self) -> bool:
         full = self._disk_bytes + self._pending_bytes >= self._max_size
@@ -493,7 +506,8 @@ class Storage(Component):
         previous = self._active
         self._active = first
         if first not in self._segments:
-            self._add_segment(first, _Seg(0, 0, True))
+            self._add_segment(first, _Seg(0, _EMPTY_SEGMENT, True))
+            self._disk_bytes += _EMPTY_SEGMENT  # its magic
         if previous is not None and previous in self._segments:
             self._segments[previous].open = False
             self._maybe_delete(previous)
