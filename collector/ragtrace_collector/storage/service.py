@@ -60,7 +60,8 @@
 * **Supervision.**  An unexpected exception in the writer thread is logged with its
   traceback, counted in ``ragtrace_component_failures_total{component="storage"}``, the
   requests in hand are failed (their clients retry) and the writer goes on; status
-  ``recoverable_error``.  If the thread ends anyway, status ``permanent_error``.
+  ``recoverable_error``.  If the thread ends anyway, status ``permanent_error``, and
+  every write waiting fails at once (and every new one), instead of at its timeout.
 """
 
 from __future__ import annotations
@@ -819,7 +820,8 @@ class Storage(Component):
                 entry.refs -= entry.groups[exporter]
                 entry.groups[exporter] = 0
                 if entry.refs <= 0:
-                    self._release(entry, marked=True)
+                    # Settled now (no "settled" mark says so yet): marked as any other.
+                    self._release(entry)
                     touched = True
         if touched:
             self._update_watermark()
