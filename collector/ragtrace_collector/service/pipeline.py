@@ -200,6 +200,7 @@ class Pipeline:
         self.ledger: OutputLedger | None = None
         #: Copies of results not logged because the log was at its bound.
         self.results_not_logged = 0
+        self._skipping_results = False
         if storage is not None:
             storage.set_exporters([e.name for e in self.exporters])
             self.ledger = OutputLedger(
@@ -421,11 +422,19 @@ class Pipeline:
         if not storage.room_for_output(len(payload), needed=False):
             # The log is at its bound (storage.max_size): the copy is left out; a
             # replay after a crash would evaluate this trace again, nothing is lost.
+            if not self._skipping_results:  # logged once per stretch at the bound
+                self._skipping_results = True
+                self._log.warning(
+                    "results_not_logged",
+                    reason="storage_full",
+                    detail="copies of results are left out while the log is at its bound; "
+                    "a crash meanwhile costs repeated judge calls, never a loss",
+                )
             self.results_not_logged += 1
-            self._log.warning(
-                "results_not_logged", reason="storage_full", trace_id=trace.trace_id_hex
-            )
             return
+        if self._skipping_results:
+            self._skipping_results = False
+            self._log.info("results_logged_again", left_out=self.results_not_logged)
 
         def tag(seq: int) -> int:
             storage.outputs_of(seq, sources)
