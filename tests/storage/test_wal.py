@@ -520,7 +520,8 @@ def test_the_writer_thread_is_supervised(tmp_path: Path) -> None:
     """An unexpected exception in the writer: logged, counted in
     ragtrace_component_failures_total{component="storage"}, status recoverable_error,
     and the writer goes on (the next append is written).  A writer thread that ends
-    anyway puts the storage in permanent_error and refuses."""
+    anyway fails the write it held at once, puts the storage in permanent_error and
+    refuses."""
     config = StorageConfig.model_validate({"directory": str(tmp_path)})
     telemetry = Telemetry()
     host = ComponentHost(telemetry)
@@ -548,11 +549,15 @@ def test_the_writer_thread_is_supervised(tmp_path: Path) -> None:
         await storage.append(b"y" * 100, tag=lambda seq: 0, admit=lambda: None)
         assert storage.status is Status.OK
 
-        def die(seq: int) -> None:
+        # The thread ends in the write of the next append.  (Not in the checkpoint: the
+        # writer may be checkpointing the previous round while the test patches it,
+        # and then died before taking the append, which waited for the append timeout.)
+        def die(records: object) -> None:
             raise SystemExit
 
-        storage._wal.write_checkpoint = die  # type: ignore[method-assign]
-        await storage.append(b"z" * 100, tag=lambda seq: 0, admit=lambda: None)
+        storage._wal.append = die  # type: ignore[assignment, method-assign]
+        with pytest.raises(StorageError, match="writer has stopped"):
+            await storage.append(b"z" * 100, tag=lambda seq: 0, admit=lambda: None)
         await _until(lambda: storage.status is Status.PERMANENT_ERROR)
         refused = storage.refusal()
         assert refused is not None
