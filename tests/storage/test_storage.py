@@ -40,8 +40,8 @@ from tests.fakes.harness import (
 from tests.fakes.otlp_sink import OtlpSink
 
 _HEAD = struct.Struct("<4sBBHIQI")  # marker, kind, flags, reserved, length, seq, crc (wal.py)
-_HEADER_SIZE = _HEAD.size + 4  # and the header's own CRC
-_MAGIC_LEN = 8
+_HEADER_SIZE = _HEAD.size + 8  # and the header's keyed tag
+_MAGIC_LEN = 8 + 2 * (16 + 4)  # the segment header: magic, key and CRC twice
 
 
 def record_spans(data: bytes) -> list[tuple[int, int, bytes]]:
