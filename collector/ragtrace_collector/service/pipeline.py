@@ -87,7 +87,7 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from google.protobuf.message import Message
 
@@ -128,6 +128,14 @@ __all__ = [
     "ShutdownReport",
     "TraceProcessor",
 ]
+
+#: What a client is told when the write-ahead log refuses a request.  The detail (the
+#: directory, the OS error) stays on the operator's side: the log and ``/readyz``.
+_STORAGE_ANSWERS: Final = {
+    "storage_error": "the write-ahead log cannot be written; retry later",
+    "storage_timeout": "the write-ahead log did not complete the write in time; retry later",
+    "storage_full": "the write-ahead log is full until exporters deliver; retry later",
+}
 
 #: Hands a trace to the exporters.  Synchronous; never blocks; never raises.
 Forward = Callable[[AssembledTrace], None]
@@ -306,7 +314,13 @@ class Pipeline:
             )
         storage = self._storage.refusal() if self._storage is not None else None
         if storage is not None:
-            return Refused(storage[0], f"{storage[1]}; retry later", self._retry_after)
+            reason, detail = storage
+            return Refused(
+                reason,
+                _STORAGE_ANSWERS.get(reason, _STORAGE_ANSWERS["storage_error"]),
+                self._retry_after,
+                detail=f"{detail}; retry later",
+            )
         return None
 
     def offer(self, split: SplitRequest, receiver: str) -> None:
@@ -336,8 +350,12 @@ class Pipeline:
             )
         except StorageError as exc:
             self._telemetry.spans_refused.labels(receiver, "storage_error").inc(split.span_count)
+            answer = "storage_timeout" if isinstance(exc, AppendTimeout) else "storage_error"
             raise Refused(
-                "storage_error", f"cannot write the request durably: {exc}", self._retry_after
+                "storage_error",
+                _STORAGE_ANSWERS[answer],
+                self._retry_after,
+                detail=f"cannot write the request durably: {exc}",
             ) from None
 
     def _admission(self, split: SplitRequest, receiver: str) -> None:
@@ -346,7 +364,7 @@ class Pipeline:
             self._telemetry.spans_refused.labels(receiver, refused.reason).inc(split.span_count)
             if not self._refusing:
                 self._refusing = True
-                self._log.warning("backpressure_on", reason=refused.reason, detail=refused.message)
+                self._log.warning("backpressure_on", reason=refused.reason, detail=refused.detail)
             raise refused
         if self._refusing:
             self._refusing = False

@@ -201,7 +201,7 @@ class CollectorService:
             return False, components.reason
         refused = self.pipeline.refusal()
         if refused is not None:
-            return False, f"refusing data ({refused.reason}): {refused.message}"
+            return False, f"refusing data ({refused.reason}): {refused.detail}"
         return True, f"receivers listening; {components.reason}"
 
     def _healthy(self) -> tuple[bool, str]:
