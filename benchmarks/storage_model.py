@@ -33,8 +33,8 @@ from hypothesis.stateful import run_state_machine_as_test
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ragtrace_collector.component.logs import configure_logging  # noqa: E402
-from tests.storage.model import PROFILES, machine_for  # noqa: E402
+from ragtrace_collector.component.logs import configure_logging
+from tests.storage.model import PROFILES, machine_for
 
 _ROUND = 100  # sequences per Hypothesis run
 

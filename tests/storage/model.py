@@ -418,9 +418,7 @@ class LogMachine(RuleBasedStateMachine):
         """Hand a request or carrier to exporters (their queues)."""
         for e in exporters:
             if seq in self.delivered[e] and seq not in self.resend_ok[e]:
-                self._violation(
-                    f"exporter {e} is sent entry {seq} again after a clean restart"
-                )
+                self._violation(f"exporter {e} is sent entry {seq} again after a clean restart")
             proc.queues[e].append(seq)
             proc.sent[e].add(seq)
 
@@ -636,7 +634,8 @@ class LogMachine(RuleBasedStateMachine):
 
     async def _replay(self, records: int) -> None:
         proc = self.proc
-        assert proc is not None and proc.replay is not None
+        assert proc is not None
+        assert proc.replay is not None
         rp, storage = proc.replay, proc.storage
         for _ in range(records):
             if not rp.pending:
@@ -843,11 +842,9 @@ class LogMachine(RuleBasedStateMachine):
         checkpoint = read_checkpoint(directory)
         passed = sorted(s for s in self._needed() if s < checkpoint)
         if passed:
-            self._fail(
-                f"checkpoint {checkpoint} passes entries still needed: {passed}"
-            )
+            self._fail(f"checkpoint {checkpoint} passes entries still needed: {passed}")
 
-    def check_invariants(self) -> None:
+    def check_all_invariants(self) -> None:
         """Every invariant (for sequences played by hand)."""
         self.checkpoint_never_passes_an_unsettled_entry()
         self.no_resend_nor_rejudge_after_a_clean_restart()
@@ -914,14 +911,11 @@ class LogMachine(RuleBasedStateMachine):
                 "their holds never end"
             )
         if self._check("delivered"):
-            lost = {
-                e: sorted(self.acked - self.damaged - self.delivered[e]) for e in EXPORTERS
-            }
+            lost = {e: sorted(self.acked - self.damaged - self.delivered[e]) for e in EXPORTERS}
             if any(lost.values()):
                 self._fail(f"acknowledged requests never delivered: {lost}")
             carriers = {
-                e: sorted(set(self.carriers) - self.damaged - self.delivered[e])
-                for e in EXPORTERS
+                e: sorted(set(self.carriers) - self.damaged - self.delivered[e]) for e in EXPORTERS
             }
             if any(carriers.values()):
                 self._fail(f"logged results never delivered: {carriers}")
