@@ -111,7 +111,6 @@ class Profile:
 
     name: str
     checks: frozenset[str]
-    crashes: bool = True
     clock: bool = True
     disk_full: bool = False
     stalls: bool = False
@@ -311,7 +310,7 @@ class LogMachine(RuleBasedStateMachine):
         self.directory = self.root / "g0"
         self.next_lossy = False  # the next start follows a crash or damage
         self.forgeries = 0
-        self.flipped = 0  # records damaged since the last start
+        self.flips: list[str] = []  # files with a record damaged since the last start
         self.failed = False
         # ---- the model
         self.acked: set[int] = set()  # acknowledged requests (seq)
@@ -408,7 +407,8 @@ class LogMachine(RuleBasedStateMachine):
             self.rejudge_ok = set(self.judged)
             self.next_lossy = False
         proc.replay = _Replay(storage.replay().__aiter__())
-        proc.flipped, self.flipped = self.flipped, 0
+        proc.flipped = sum(1 for name in set(self.flips) if (self.directory / name).exists())
+        self.flips = []
         await self._replay(0)  # an empty log: the replay is over at once
 
     def _current(self, proc: _Proc) -> bool:
@@ -701,14 +701,23 @@ class LogMachine(RuleBasedStateMachine):
         self.loop.offset += seconds
         self._step(asyncio.sleep(0))
 
-    @precondition(lambda self: self.running and self.profile.crashes)
-    @rule(torn_bytes=st.sampled_from([0, 20, 40]))
-    def crash(self, torn_bytes: int) -> None:
-        """kill -9: the disk keeps what was written; a write blocked on a stalled disk
-        leaves its first ``torn_bytes`` bytes."""
+    @precondition(lambda self: self.running)
+    @rule(how=st.sampled_from(["clean", "kill", "kill_torn"]))
+    def restart(self, how: str) -> None:
+        """Stop the collector and start it again.  ``clean``: SIGTERM (a stalled disk
+        answers first); what is being written is written, and the checkpoint and the
+        delivery marks of the last round.  ``kill``: kill -9; the disk keeps what was
+        written.  ``kill_torn``: kill -9 while a write is blocked on a stalled disk,
+        whose first 20 bytes land (a torn write)."""
         proc = self.proc
         assert proc is not None
-        type(self).steps += 1
+        if how == "clean":
+            self._close(proc)
+        else:
+            self._crash(proc, 20 if how == "kill_torn" else 0)
+        self._step(self._start())
+
+    def _crash(self, proc: _Proc, torn_bytes: int) -> None:
         self.generation += 1
         new = self.root / f"g{self.generation}"
         new.mkdir()
@@ -728,6 +737,15 @@ class LogMachine(RuleBasedStateMachine):
         self.directory = new
         self.next_lossy = True
 
+    def _close(self, proc: _Proc) -> None:
+        if proc.disk.stalled:
+            proc.disk.resume(fail=False)
+            self._run(self._quiesce())
+        self._stop(proc, crash=False)
+        if proc.lossy:
+            self.next_lossy = True
+        self.proc = None
+
     def _stop(self, proc: _Proc, *, crash: bool) -> None:
         proc.closing = True
         if crash:
@@ -738,24 +756,6 @@ class LogMachine(RuleBasedStateMachine):
         self._run(proc.storage.close())
         if crash:
             shutil.rmtree(proc.directory, ignore_errors=True)
-
-    @precondition(lambda self: self.running and not self.stalled)
-    @rule()
-    def close(self) -> None:
-        """A clean stop (SIGTERM): what is being written is written, the checkpoint
-        and the marks of the last round too."""
-        proc = self.proc
-        assert proc is not None
-        type(self).steps += 1
-        self._stop(proc, crash=False)
-        if proc.lossy:
-            self.next_lossy = True
-        self.proc = None
-
-    @precondition(lambda self: not self.running)
-    @rule()
-    def restart(self) -> None:
-        self._step(self._start())
 
     @precondition(lambda self: self.profile.disk_full and self.running and not self.stalled)
     @rule(full=st.booleans())
@@ -796,30 +796,35 @@ class LogMachine(RuleBasedStateMachine):
         proc.disk.resume(fail=fails)
         self._step(self._writable_again(proc))
 
-    @precondition(lambda self: self.profile.damage and not self.running)
+    @precondition(lambda self: self.profile.damage and self.running)
     @rule(
         segment=st.integers(0, 7),
         record=st.integers(0, 15),
         where=st.sampled_from(sorted(_FIELDS)),
     )
     def flip_byte(self, segment: int, record: int, where: str) -> None:
-        """A byte of a record of a segment on disk goes bad (the process is down, so
-        every segment is a closed one)."""
-        files = _segment_files(self.directory)
+        """A byte of a record of a closed segment goes bad (any segment but the newest,
+        which may be the one being written; the next start reads the damage)."""
+        files = _segment_files(self.directory)[:-1]
         if not files:
             return
         path = files[segment % len(files)]
-        data = bytearray(path.read_bytes())
-        records = _records_in(bytes(data))
-        if not records:
+        try:
+            with open(path, "r+b") as fh:  # not re-created if the writer deletes it
+                data = fh.read()
+                records = _records_in(data)
+                if not records:
+                    return
+                offset, seq, length = records[record % len(records)]
+                if where == "payload" and length == 0:
+                    where = "seq"
+                at = offset + _FIELDS[where]
+                fh.seek(at)
+                fh.write(bytes([data[at] ^ 0x40]))
+        except FileNotFoundError:
             return
-        offset, seq, length = records[record % len(records)]
-        if where == "payload" and length == 0:
-            where = "seq"
-        data[offset + _FIELDS[where]] ^= 0x40
-        path.write_bytes(bytes(data))
         self.damaged.add(seq)
-        self.flipped += 1
+        self.flips.append(path.name)
         self.next_lossy = True
         type(self).steps += 1
 
