@@ -702,13 +702,17 @@ class LogMachine(RuleBasedStateMachine):
         self._step(asyncio.sleep(0))
 
     @precondition(lambda self: self.running)
-    @rule(how=st.sampled_from(["clean", "kill", "kill_torn"]))
-    def restart(self, how: str) -> None:
+    @rule(
+        how=st.sampled_from(["clean", "kill", "kill_torn"]),
+        replay=st.sampled_from(["all", "stepwise"]),
+    )
+    def restart(self, how: str, replay: str) -> None:
         """Stop the collector and start it again.  ``clean``: SIGTERM (a stalled disk
         answers first); what is being written is written, and the checkpoint and the
         delivery marks of the last round.  ``kill``: kill -9; the disk keeps what was
         written.  ``kill_torn``: kill -9 while a write is blocked on a stalled disk,
-        whose first 20 bytes land (a torn write)."""
+        whose first 20 bytes land (a torn write).  ``replay``: ``all`` replays the
+        log to its end within this step; ``stepwise`` leaves it to ``replay``."""
         proc = self.proc
         assert proc is not None
         if how == "clean":
@@ -716,6 +720,9 @@ class LogMachine(RuleBasedStateMachine):
         else:
             self._crash(proc, 20 if how == "kill_torn" else 0)
         self._step(self._start())
+        if replay == "all" and self.proc is not None and self.proc.replay is not None:
+            self._run(self._replay(1_000_000))
+            self._run(self._quiesce())
 
     def _crash(self, proc: _Proc, torn_bytes: int) -> None:
         self.generation += 1

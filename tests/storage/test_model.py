@@ -95,21 +95,21 @@ _SEQUENCES: dict[str, tuple[str, list[Step], list[Step]]] = {
             ("start", {}),
             ("append_request", {"size": 200}),
             ("append_request", {"size": 200}),
-            ("restart", {"how": "clean"}),
+            ("restart", {"how": "clean", "replay": "stepwise"}),
             ("replay", {"records": 1, "judge_early": True}),
             ("replay", _ALL),
             ("deliver", {"exporter": "both", "pick": 1}),
-            ("restart", {"how": "clean"}),
+            ("restart", {"how": "clean", "replay": "stepwise"}),
         ],
         [
             ("start", {}),
             ("append_request", {"size": 200}),
             ("append_request", {"size": 200}),
-            ("restart", {"how": "clean"}),
+            ("restart", {"how": "clean", "replay": "stepwise"}),
             ("replay", {"records": 1, "judge_early": False}),
             ("replay", _ALL),
             ("deliver", {"exporter": "both", "pick": 1}),
-            ("restart", {"how": "clean"}),
+            ("restart", {"how": "clean", "replay": "stepwise"}),
         ],
     ),
     "found1_marks_release_an_entry_still_awaiting_its_result": (
@@ -117,25 +117,21 @@ _SEQUENCES: dict[str, tuple[str, list[Step], list[Step]]] = {
         [
             ("start", {}),
             ("append_request", {"size": 200}),
-            ("restart", {"how": "clean"}),
-            ("replay", _ALL),
+            ("restart", {"how": "clean", "replay": "all"}),
             ("deliver", {"exporter": "a", "pick": 0}),
             ("deliver", {"exporter": "b", "pick": 0}),
-            ("restart", {"how": "clean"}),
-            ("replay", _ALL),
-            ("restart", {"how": "clean"}),
+            ("restart", {"how": "clean", "replay": "all"}),
+            ("restart", {"how": "clean", "replay": "stepwise"}),
         ],
         [
             ("start", {}),
             ("append_request", {"size": 200}),
-            ("restart", {"how": "clean"}),
-            ("replay", _ALL),
+            ("restart", {"how": "clean", "replay": "all"}),
             ("judge", {"pick": 0, "attach": "span", "size": 100}),
             ("deliver", {"exporter": "a", "pick": 0}),
             ("deliver", {"exporter": "b", "pick": 0}),
-            ("restart", {"how": "clean"}),
-            ("replay", _ALL),
-            ("restart", {"how": "clean"}),
+            ("restart", {"how": "clean", "replay": "all"}),
+            ("restart", {"how": "clean", "replay": "stepwise"}),
         ],
     ),
     "found2_settled_out_of_order_within_a_second_is_resent_after_a_clean_stop": (
@@ -147,8 +143,7 @@ _SEQUENCES: dict[str, tuple[str, list[Step], list[Step]]] = {
             ("judge", {"pick": 1, "attach": "span", "size": 100}),
             ("deliver", {"exporter": "a", "pick": 1}),
             ("deliver", {"exporter": "b", "pick": 1}),
-            ("restart", {"how": "clean"}),
-            ("replay", _ALL),
+            ("restart", {"how": "clean", "replay": "all"}),
         ],
         [
             ("start", {}),
@@ -158,8 +153,7 @@ _SEQUENCES: dict[str, tuple[str, list[Step], list[Step]]] = {
             ("deliver", {"exporter": "a", "pick": 1}),
             ("wait", {"seconds": 1.5}),
             ("deliver", {"exporter": "b", "pick": 1}),
-            ("restart", {"how": "clean"}),
-            ("replay", _ALL),
+            ("restart", {"how": "clean", "replay": "all"}),
         ],
     ),
     "defect3_marks_vanish_with_their_segment": (
@@ -172,8 +166,7 @@ _SEQUENCES: dict[str, tuple[str, list[Step], list[Step]]] = {
             ("append_request", _BIG),
             ("deliver", {"exporter": "both", "pick": 0}),
             ("judge", {"pick": 1, "attach": "span", "size": 100}),
-            ("restart", {"how": "clean"}),
-            ("replay", _ALL),
+            ("restart", {"how": "clean", "replay": "all"}),
         ],
         [
             ("start", {}),
@@ -182,8 +175,7 @@ _SEQUENCES: dict[str, tuple[str, list[Step], list[Step]]] = {
             ("deliver", {"exporter": "a", "pick": 0}),
             ("deliver", {"exporter": "both", "pick": 0}),
             ("judge", {"pick": 1, "attach": "span", "size": 100}),
-            ("restart", {"how": "clean"}),
-            ("replay", _ALL),
+            ("restart", {"how": "clean", "replay": "all"}),
         ],
     ),
     "defect4_a_hold_never_ends_after_a_timed_out_then_failed_output_write": (
@@ -211,23 +203,19 @@ _SEQUENCES: dict[str, tuple[str, list[Step], list[Step]]] = {
             ("start", {}),
             ("append_request", {"size": 200}),
             ("append_forged_request", {}),
-            ("restart", {"how": "clean"}),
-            ("replay", _ALL),
+            ("restart", {"how": "clean", "replay": "all"}),
             ("append_request", {"size": 200}),
             ("flip_byte", {"segment": 0, "record": 1, "where": "marker"}),
-            ("restart", {"how": "clean"}),
-            ("replay", _ALL),
+            ("restart", {"how": "clean", "replay": "all"}),
         ],
         [
             ("start", {}),
             ("append_request", {"size": 200}),
             ("append_forged_request", {}),
-            ("restart", {"how": "clean"}),
-            ("replay", _ALL),
+            ("restart", {"how": "clean", "replay": "all"}),
             ("append_request", {"size": 200}),
             ("flip_byte", {"segment": 0, "record": 0, "where": "marker"}),
-            ("restart", {"how": "clean"}),
-            ("replay", _ALL),
+            ("restart", {"how": "clean", "replay": "all"}),
         ],
     ),
     "defect6_outputs_written_past_the_disk_bound": (
@@ -301,11 +289,11 @@ def _run(profile: str, examples: int, steps: int) -> None:
 #: profile -> (examples in the suite, steps per sequence, the defect the bounded run
 #: finds on today's code, or "" when it finds none within that budget).
 _GENERATED: dict[str, tuple[int, int, str]] = {
-    "checkpoint": (40, 30, ""),
-    "clean_restart": (40, 30, ""),
-    "holds": (40, 30, ""),
-    "forgery": (40, 30, ""),
-    "disk_bound": (40, 40, ""),
+    "checkpoint": (15, 25, ""),
+    "clean_restart": (15, 25, ""),
+    "holds": (15, 25, ""),
+    "forgery": (15, 25, ""),
+    "disk_bound": (10, 40, ""),
 }
 
 
@@ -326,11 +314,13 @@ def test_generated_sequences(profile: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("profile", ["checkpoint", "clean_restart", "everything"])
 @pytest.mark.xfail(
     strict=False,
     raises=ModelViolation,
-    reason="issue 27 defects (today's storage): any of them may be found first",
+    reason="issue 27 defects (today's storage): found by some runs of this length, not "
+    "all; make it a plain test once the rework lands",
 )
-def test_generated_sequences_everything_longer() -> None:
-    """Every invariant with every fault, more sequences (about a minute)."""
-    _run("everything", 300, 40)
+def test_generated_sequences_longer(profile: str) -> None:
+    """More sequences (about a minute each): any failure but the model's is an error."""
+    _run(profile, 300, 40)
