@@ -23,8 +23,8 @@ each one, strict xfail, and a control that differs in one key step, which passes
   first), profile ``checkpoint``: ``start; append_request(200) x2; restart(clean,
   replay=stepwise); replay(records=1, judge_early=True); replay(records=1000);
   deliver(both, pick=1); restart(clean, ...)`` -> "checkpoint 3 passes entries still
-  needed: [2]".  The carrier (seq 3) logged while entry 2 was not yet replayed is held before it; once entry 1
-  settles, the checkpoint jumps to 3.  Control: ``judge_early=False``.
+  needed: [2]".  The carrier (seq 3) logged while entry 2 was not yet replayed is held
+  before it; once entry 1 settles, the checkpoint jumps to 3.  Control: ``judge_early=False``.
 * defect 3 (marks vanish with their segment), profile ``clean_restart``: ``start;
   append_request(120000) x2; deliver(a, pick=0); append_request(120000);
   deliver(both, pick=0); judge(pick=1, attach=span); restart(clean, replay=all)``
