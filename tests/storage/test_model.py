@@ -43,10 +43,11 @@ each one, strict xfail, and a control that differs in one key step, which passes
   {a: [1], b: [1]}": the "settled" mark forged inside request 2 is read as a record
   once request 2's header is damaged, and request 1 is dropped.  Control: damage
   request 1 instead (only request 1 is lost, which is allowed and counted).
-* defect 6 (the disk bound), profile ``disk_bound``: ``start; append_request(120000)
-  x9; judge(pick=0, attach=span, size=100000)`` -> "the log uses 1180382 bytes on
-  disk; the bound is 1179648": requests are refused from 1080261 bytes on, output
-  records are not.  Control: a 100-byte result.
+* defect 6 (the disk bound), profile ``disk_bound``, also found by the generated run
+  (``benchmarks/``, 1065 sequences: 1242058 bytes on disk), written out shorter:
+  ``start; append_request(120000) x9; judge(pick=0, attach=span, size=100000)`` -> "the
+  log uses 1180382 bytes on disk; the bound is 1179648": requests are refused from
+  1080261 bytes on, output records are not.  Control: a 100-byte result.
 * found 1, not in the issue (delivery marks release an entry whose result is still to
   come), profile ``checkpoint``, found by the generated run (``benchmarks/``, 915
   sequences, as ``append_request x4; deliver(a, 0); append_request x3; deliver(b, 0);
@@ -78,8 +79,8 @@ particular 5-10 step pattern among about 8 rules, found in about 1 of 700-900 ra
 sequences.  So the suite pins the shortest sequences (strict xfail) and keeps the
 generated runs as plain tests (they must stay green through the rework);
 ``benchmarks/storage_model.py`` runs fresh random sequences for minutes: in 9 minutes
-it found defect 5, found 1 and found 2 on its own (figures in the report of issue 27).
-Defects 1, 3, 4 and 6 were found by writing the sequence out from the model's rules;
+it found defect 5, defect 6, found 1 and found 2 on its own (figures in the report of
+issue 27).  Defects 1, 3 and 4 were found by writing the sequence out from the rules;
 the earlier benchmark run also found found 1 (checkpoint) after 925 sequences.
 """
 
