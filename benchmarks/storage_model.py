@@ -57,8 +57,11 @@ def _profile(name: str, budget: float, steps: int) -> tuple[int, int, float, str
                 ),
             )
         except Exception as exc:  # a falsified invariant (or a bug in the machine)
-            notes = "\n".join(getattr(exc, "__notes__", []))
-            failure = f"{type(exc).__name__}: {exc}\n{notes}"
+            found = list(exc.exceptions) if isinstance(exc, ExceptionGroup) else [exc]
+            failure = "\n\n".join(
+                f"{type(e).__name__}: {e}\n" + "\n".join(getattr(e, "__notes__", []))
+                for e in found
+            )
             break
     return machine.runs, machine.steps, time.monotonic() - started, failure
 
