@@ -334,3 +334,172 @@ def test_ids_from_the_retriever_output_are_their_own_source() -> None:
     assert _one(spans, rules).case.retrieved_context_ids == ["lc-1", "lc-2"]
     rules = CaseRules(CasesConfig(document_id=["document.id"]))  # none of its own
     assert _one(spans, rules).case.retrieved_context_ids is None
+
+
+# ------------------------------------------- one kind of id per service (issue 29)
+def _scores(built: BuiltCase) -> tuple[float | None, float | None]:
+    return _score("id_context_recall", built)[0], _score("id_context_precision", built)[0]
+
+
+def test_numeric_chunk_ids_are_not_switched_to_the_document_ids_they_collide_with() -> None:
+    """Reference = chunks 7 and 12.  The retriever found chunks 3 and 5, whose documents
+    are numbered 7 and 12: comparing the documents' numbers would score a retrieval
+    that found neither as perfect."""
+    rules = CaseRules()
+    miss = [("3", {"doc_id": 7}), ("5", {"doc_id": 12})]
+    # alone, the case cannot tell which kind the reference ids are: never 1.00
+    first = _one(_llama_trace(miss, ["7", "12"]), rules, service="num")
+    recall, precision = _scores(first)
+    assert recall != 1.0 and precision != 1.0
+    if recall is None:
+        reason = _score("id_context_recall", first)[1]
+        assert "cases.document_id" in reason
+    # the service's cases whose chunk ids met the reference ids say it: chunk ids
+    for n in range(3):
+        hit = [(str(20 + n), {"doc_id": 1}), ("4", {"doc_id": 2})]
+        built = _one(_llama_trace(hit, [str(20 + n)]), rules, service="num")
+        assert built.case.retrieved_context_ids == [str(20 + n), "4"]
+    again = _one(_llama_trace(miss, ["7", "12"]), rules, service="num")
+    assert again.case.retrieved_context_ids == ["3", "5"]
+    assert again.attributes[semconv.DOCUMENT_ID_SOURCE] == "document.id"
+    assert _scores(again) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("order", ["right-first", "wrong-first"])
+def test_chunk_ids_keep_one_granularity_across_the_cases_of_a_service(order: str) -> None:
+    """Chunk ids where the first chunk's id is the document's name ("refunds"); the
+    reference names the right chunk.  The case that retrieved it must not score lower
+    than the one that retrieved another chunk of the same document."""
+    rules = CaseRules()
+    right = [
+        ("refunds", {"doc_id": "refunds"}),
+        ("shipping#1", {"doc_id": "shipping"}),
+        ("returns#2", {"doc_id": "returns"}),
+    ]
+    wrong = [("refunds#2", {"doc_id": "refunds"}), ("shipping", {"doc_id": "shipping"})]
+    seq = [right, wrong, wrong, right] if order == "right-first" else [wrong, right, wrong]
+    scored: list[tuple[str, float | None]] = []
+    sources = set()
+    for docs in seq:
+        built = _one(_llama_trace(docs, ["refunds"]), rules, service="chunks")
+        precision = _score("id_context_precision", built)[0]
+        if precision is not None:
+            sources.add(built.attributes[semconv.DOCUMENT_ID_SOURCE])
+        scored.append(("right" if docs is right else "wrong", precision))
+    assert sources == {"document.id"}  # one kind for the whole service
+    assert all(p == pytest.approx(1 / 3) for kind, p in scored if kind == "right")
+    assert all(p in (None, 0.0) for kind, p in scored if kind == "wrong")
+    assert scored[-1][1] is not None  # decided once a case showed the kind
+
+
+def test_file_names_are_not_scored_against_document_ids() -> None:
+    """LlamaIndex SimpleDirectoryReader: node UUIDs, ref_doc_id UUIDs and the file's
+    name, against the user's ids: ids of different kinds, skipped, never 0.00."""
+    rules = CaseRules()
+
+    def reader_doc(name: str) -> tuple[str, dict[str, Any]]:
+        return _uuid(), {
+            "ref_doc_id": _uuid(),
+            "file_name": f"{name}.md",
+            "file_path": f"/srv/kb/{name}.md",
+            "file_type": "text/markdown",
+        }
+
+    docs = [reader_doc("refunds"), reader_doc("shipping")]
+    built = _one(_llama_trace(docs, ["kb-refunds", "kb-shipping"]), rules)
+    for metric in ("id_context_recall", "id_context_precision"):
+        score, reason = _score(metric, built)
+        assert score is None, reason
+        assert "file name" in reason  # both kinds named
+        assert "kb-refunds" in reason
+        assert "cases.document_id" in reason  # and the fix
+    # the same file names as the reference ids are the same kind: compared
+    named = _one(_llama_trace(docs, ["refunds.md"]), rules, service="files")
+    assert named.case.retrieved_context_ids == ["refunds.md", "shipping.md"]
+    assert _scores(named) == (1.0, 0.5)
+
+
+def test_chunk_ids_against_document_ids_are_not_scored() -> None:
+    rules = CaseRules()
+    docs = [("kb-refunds#3", {}), ("kb-shipping#1", {})]
+    built = _one(_llama_trace(docs, ["kb-refunds"]), rules)
+    score, reason = _score("id_context_recall", built)
+    assert score is None
+    assert "chunk" in reason and "kb-refunds#3" in reason and "cases.document_id" in reason
+
+
+def _traceloop_task_trace(with_task: bool) -> list[trace_pb2.Span]:
+    """traceloop-sdk: a ``@workflow`` over a ``@task`` that calls a LangChain retriever.
+    The LangChain instrumentation writes the documents without ``Document.id``; the
+    SDK's task span writes its return value with its JSONEncoder (``to_json()``)."""
+    from langchain_core.documents import Document
+
+    docs = [
+        Document(id="kb-refunds", page_content="Refunds take 5 days.", metadata={"source": "kb"}),
+        Document(id="kb-card", page_content="Card refunds are issued.", metadata={"source": "kb"}),
+    ]
+    tid = os.urandom(16)
+    root = named_span(
+        "answer.workflow",
+        {
+            semconv.TRACELOOP_SPAN_KIND: "workflow",
+            semconv.TRACELOOP_ENTITY_INPUT: json.dumps(
+                {"args": ["How long do refunds take?"], "kwargs": {}}
+            ),
+            semconv.TRACELOOP_ENTITY_OUTPUT: json.dumps("Five days."),
+            semconv.REFERENCE_CONTEXT_IDS: json.dumps(["kb-refunds"]),
+        },
+        tid=tid,
+    )
+    parent = root
+    spans = [root]
+    if with_task:
+        parent = named_span(
+            "retrieve.task",
+            {
+                semconv.TRACELOOP_SPAN_KIND: "task",
+                "traceloop.entity.name": "retrieve",
+                semconv.TRACELOOP_ENTITY_INPUT: json.dumps(
+                    {"args": ["How long do refunds take?"], "kwargs": {}}
+                ),
+                semconv.TRACELOOP_ENTITY_OUTPUT: json.dumps([d.to_json() for d in docs]),
+            },
+            tid=tid,
+            parent=root,
+        )
+        spans.append(parent)
+    out = {
+        "documents": [{"page_content": d.page_content, "metadata": d.metadata} for d in docs],
+        "count": len(docs),
+    }
+    spans.append(
+        named_span(
+            "vector_db_retrieve KeywordRetriever",
+            {
+                semconv.GEN_AI_OPERATION_NAME: "vector_db_retrieve",
+                semconv.TRACELOOP_SPAN_KIND: "task",
+                semconv.TRACELOOP_ENTITY_INPUT: json.dumps({"query": "How long?"}),
+                semconv.TRACELOOP_ENTITY_OUTPUT: json.dumps(out),
+            },
+            tid=tid,
+            parent=parent,
+        )
+    )
+    return spans
+
+
+def test_traceloop_task_output_gives_the_ids_the_retriever_span_lacks() -> None:
+    built = _one(_traceloop_task_trace(with_task=True), CaseRules())
+    assert built.case.retrieved_context_ids == ["kb-refunds", "kb-card"]
+    assert _scores(built) == (1.0, 0.5)
+
+
+def test_no_ids_reason_names_the_config_when_the_trace_holds_ids_elsewhere() -> None:
+    """The documents carry no id where the collector reads them, but their metadata
+    has keys that may be one: the reason says how to name it."""
+    spans = _traceloop_task_trace(with_task=False)
+    built = _one(spans, CaseRules())
+    score, reason = _score("id_context_recall", built)
+    assert score is None
+    assert "no retrieved document ids" in reason
+    assert "cases.document_id" in reason and "metadata.source" in reason
