@@ -545,3 +545,32 @@ def test_no_ids_reason_names_the_config_when_the_trace_holds_ids_elsewhere() -> 
     assert "no retrieved document ids" in reason
     assert "cases.document_id" in reason
     assert "metadata.source" in reason
+
+
+def test_the_reason_names_a_retrievers_rule_when_a_task_holds_ids_it_cannot_match() -> None:
+    """The task returned its documents with ids, but not the retriever's (here: other
+    texts): the ids are not guessed by rank; the reason names the rule that reads
+    them, and that rule gives the ids."""
+    from ragtrace_collector.evaluation.case_builder import CaseMatch, RetrieverRule
+
+    spans = _traceloop_task_trace(with_task=True)
+    task = spans[1]
+    [kv] = [kv for kv in task.attributes if kv.key == semconv.TRACELOOP_ENTITY_OUTPUT]
+    kv.value.string_value = kv.value.string_value.replace(
+        '"page_content": "', '"page_content": "(v2) '
+    )
+    built = _one(spans, CaseRules())
+    score, reason = _score("id_context_recall", built)
+    assert score is None
+    assert "'retrieve.task'" in reason
+    assert "cases.retrievers" in reason
+    assert "kwargs.id" in reason
+    rule = RetrieverRule(
+        match=CaseMatch(span_name="retrieve.task"),
+        documents=semconv.TRACELOOP_ENTITY_OUTPUT,
+        id="kwargs.id",
+        content="kwargs.page_content",
+    )
+    fixed = _one(spans, CaseRules(CasesConfig(retrievers=[rule])))
+    assert fixed.case.retrieved_context_ids == ["kb-refunds", "kb-card"]
+    assert _scores(fixed) == (1.0, 0.5)
