@@ -131,7 +131,7 @@ _FILE = re.compile(r".*[/\\].*|[^\s]*[^\s.]\.(?=[0-9]*[A-Za-z])[A-Za-z0-9]{1,5}"
 _CHUNK_SEPARATORS = "#:_-/.@"
 
 #: The kinds of :func:`id_kind`.
-GENERATED: Final = "ids a framework generated (UUIDs, content hashes)"
+GENERATED: Final = "ids the framework generated (UUIDs, content hashes)"
 FILE: Final = "file names"
 NAME: Final = "ids you chose"
 CHUNK: Final = "chunk ids (a reference id and a chunk number)"
@@ -150,6 +150,8 @@ def looks_generated(value: str) -> bool:
 
 def id_kind(value: str) -> str:
     """:data:`GENERATED`, :data:`FILE` or :data:`NAME` (any other name or number)."""
+    if len(value) < 32 and "." not in value and "/" not in value and "\\" not in value:
+        return NAME  # the common case, without a regular expression
     if _GENERATED.fullmatch(value) is not None:
         return GENERATED
     if _FILE.fullmatch(value) is not None:
@@ -254,6 +256,35 @@ def _from(docs: Sequence[Document], source: str) -> IdChoice:
     if source == _DEFAULT:
         return _choose(docs, [DEFAULT_SOURCES] * len(docs), fallback=True)
     return _choose(docs, [(source, *DEFAULT_SOURCES)] * len(docs), fallback=True)
+
+
+#: The metadata keys of :data:`CANDIDATE_SOURCES` (all plain keys), and their sources.
+_CANDIDATE_KEYS: Final = {
+    s[len(_METADATA) :]: s for s in CANDIDATE_SOURCES if s.startswith(_METADATA)
+}
+_RANK: Final = {s: i for i, s in enumerate(CANDIDATE_SOURCES)}
+
+
+def _best_source(docs: Sequence[Document], ref: set[str]) -> tuple[str | None, int]:
+    """The candidate source whose distinct ids meet most reference ids (the first in
+    :data:`CANDIDATE_SOURCES` on a tie), and how many; (None, 0): none meets one.
+    Each document's metadata is walked once, not once per source."""
+    met: dict[str, set[str]] = {}
+    for doc in docs:
+        for source, value in doc.ids.items():
+            if value in ref and source in _RANK:
+                met.setdefault(source, set()).add(value)
+        metadata = doc.metadata
+        if metadata:
+            for key, source in _CANDIDATE_KEYS.items():
+                if key in metadata:
+                    value = _as_id(metadata[key])
+                    if value is not None and value in ref:
+                        met.setdefault(source, set()).add(value)
+    if not met:
+        return None, 0
+    best = min(met, key=lambda s: (-len(met[s]), _RANK[s]))
+    return best, len(met[best])
 
 
 def _examples(values: Sequence[str | None]) -> str:
@@ -473,12 +504,7 @@ class DocumentIds:
         if any(i in ref for i in choice.ids if i is not None):
             self._commit(service, state, _DEFAULT, choice.source)
             return choice
-        best, best_count = None, 0
-        for source in CANDIDATE_SOURCES:
-            found = {v for d in docs if (v := _value(d, source)) is not None}
-            count = len(found & ref)
-            if count > best_count:
-                best, best_count = source, count
+        best, best_count = _best_source(docs, ref)
         if best is None:
             return self._no_overlap(service, state, docs, choice, reference_ids, soft=True)
         used = choice.source.split(", ") if choice.source else []
