@@ -172,7 +172,7 @@ def test_openllmetry_task_gives_the_dropped_document_ids(
     with matrix_collector(sink, tmp_path) as serve:
         tp = provider(serve, "lc-tl-task")
         openllmetry_langchain.instrument(tracer_provider=tp)
-        chain, seen = _chain(ids_in_metadata=False)
+        chain, _ = _chain(ids_in_metadata=False)
         retriever = chain.first.steps__["context"].first
         tracer = tp.get_tracer("traceloop.sdk")
         flow, flow_span = _traceloop_entity(

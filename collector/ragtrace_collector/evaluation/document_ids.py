@@ -278,9 +278,9 @@ def _best_source(docs: Sequence[Document], ref: set[str]) -> tuple[str | None, i
         if metadata:
             for key, source in _CANDIDATE_KEYS.items():
                 if key in metadata:
-                    value = _as_id(metadata[key])
-                    if value is not None and value in ref:
-                        met.setdefault(source, set()).add(value)
+                    found = _as_id(metadata[key])
+                    if found is not None and found in ref:
+                        met.setdefault(source, set()).add(found)
     if not met:
         return None, 0
     best = min(met, key=lambda s: (-len(met[s]), _RANK[s]))
