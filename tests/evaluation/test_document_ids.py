@@ -574,3 +574,25 @@ def test_the_reason_names_a_retrievers_rule_when_a_task_holds_ids_it_cannot_matc
     fixed = _one(spans, CaseRules(CasesConfig(retrievers=[rule])))
     assert fixed.case.retrieved_context_ids == ["kb-refunds", "kb-card"]
     assert _scores(fixed) == (1.0, 0.5)
+
+
+def test_the_watch_reports_what_the_chosen_source_matched_over_its_window() -> None:
+    """The window restarts when the service's source is chosen: it then holds only
+    cases read from that source, and its warning says which and how it was chosen."""
+    rules = CaseRules(CasesConfig(id_overlap_window=3))
+    watch = rules.document_ids.watch
+    assert watch is not None
+    for n in range(2):  # undecided: read from the default, no overlap
+        _one(_llama_trace([(f"node-{n}", {})], [f"kb-{n}"]), rules, service="shop")
+    assert watch.report()["shop"] == ("document.id", 2, 0)
+    # a case whose generated ids cannot be of the reference kind chooses doc_id
+    _one(_llama_trace([(_uuid(), {"doc_id": "kb-1"})], ["kb-1"]), rules, service="shop")
+    assert rules.document_ids.source_of("shop") == "metadata.doc_id"
+    assert watch.report()["shop"] == ("metadata.doc_id", 1, 1)  # only the chosen source
+    for n in range(3):
+        _one(_llama_trace([(_uuid(), {"doc_id": f"kb-9{n}"})], ["kb-1"]), rules, service="shop")
+    assert watch.report()["shop"] == ("metadata.doc_id", 3, 0)
+    warning = watch.warning()
+    assert warning is not None
+    assert "read from metadata.doc_id, chosen from the service's cases" in warning
+    assert "kb-92" in warning
