@@ -594,5 +594,5 @@ def test_the_watch_reports_what_the_chosen_source_matched_over_its_window() -> N
     assert watch.report()["shop"] == ("metadata.doc_id", 3, 0)
     warning = watch.warning()
     assert warning is not None
-    assert "read from metadata.doc_id, chosen from the service's cases" in warning
+    assert "(read from metadata.doc_id; chosen from the service's cases)" in warning
     assert "kb-92" in warning

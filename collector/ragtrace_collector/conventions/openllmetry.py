@@ -10,7 +10,8 @@ instrumentations (Chroma, Qdrant, Pinecone, ...) of the openllmetry repository.
   ``db.query.result.{id,score,distance,metadata,document}``), or the LangChain
   instrumentation's retriever span (``gen_ai.operation.name = vector_db_retrieve``),
   whose documents are in ``traceloop.entity.output`` (``{"documents": [...]}``;
-  that instrumentation drops ``Document.id``, so ids come only from metadata).
+  that instrumentation drops ``Document.id``, so ids come from metadata, or from a
+  traceloop-sdk task above it, below).
   A distance is kept in the document's metadata, not as its score.
 * The LlamaIndex instrumentation (``opentelemetry-instrumentation-llamaindex``) makes
   every LlamaIndex span a plain ``task`` (a ``workflow`` at the top) named

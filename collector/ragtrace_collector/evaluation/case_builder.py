@@ -33,9 +33,13 @@ builds one :class:`BuiltCase` per case span.  The rest of the collector sees onl
   Retriever spans nested in a retriever span are one retrieval: the documents of the
   outermost span that recorded some, those without an id taking the id of the
   same-rank document of a nested span when their contents agree;
-* the id of each document: chosen among the ids it carries to be of the reference
-  ids' kind (:mod:`~ragtrace_collector.evaluation.document_ids`); a case that compares
-  ids says where they were read in ``ragtrace.retrieval.document_id_source``;
+* the id of each document: chosen among the ids it carries, one source per service,
+  to be of the reference ids' kind (:mod:`~ragtrace_collector.evaluation.document_ids`);
+  a case that compares ids says where they were read in
+  ``ragtrace.retrieval.document_id_source``.  Documents without any id take them from
+  a traceloop-sdk task span above their retriever that returned them with ids; when
+  none is found, the ID metrics' reason says where the trace holds ids and the
+  setting that reads them;
 * ground truth from the span (``ragtrace.expected_output``,
   ``ragtrace.reference_contexts``, ``ragtrace.reference_context_ids``,
   ``ragtrace.expected_outcome``), else from the reference store by input, field by
@@ -136,10 +140,10 @@ class CasesConfig(BaseModel):
     #: ``document.id``, ``metadata.<key>``, ``output.id`` (docs/ground-truth.md); or a
     #: map from convention name (``openinference``, ``cases.retrievers``, ...) to such a
     #: list.  Unset: ``document.id``, then the metadata's ``doc_id``, ``document_id``,
-    #: ``ref_doc_id``, ``id``, ``_id``, ``node_id``, ``chunk_id``, then ``output.id``;
-    #: and when those ids match none of a case's reference ids but another of these
-    #: sources does, that source (said on the span and logged); generated ids (UUIDs)
-    #: are never scored against reference ids that are not.
+    #: ``ref_doc_id``, ``id``, ``_id``, ``node_id``, ``chunk_id``, then ``output.id``,
+    #: or another of the documents' ids chosen per service from its cases to be of the
+    #: reference ids' kind (said on the span and logged); ids of different kinds
+    #: (generated ids, file names against your ids) are skipped, never scored.
     document_id: list[str] | dict[str, list[str]] | None = None
     #: Cases with reference ids watched per service: when none of the last this many
     #: retrieved a reference id, ``/healthz`` warns (docs/ground-truth.md).

@@ -407,8 +407,8 @@ class IdOverlapWatch:
         return " | ".join(parts) if parts else None
 
     def _message(self, service: str, state: _ServiceWindow) -> str:
-        how = f", {state.how}" if state.how else ""
-        read = f" read from {state.source}{how}" if state.source else ""
+        how = f"; {state.how}" if state.how else ""
+        read = f" (read from {state.source}{how})" if state.source else ""
         return (
             f"service {service!r}: the retrieved ids{read} met no reference id in the last"
             f" {len(state.hits)} cases with reference ids; retrieved ids e.g."
