@@ -11,6 +11,8 @@ import uuid
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
@@ -26,7 +28,12 @@ from ragtrace_collector.evaluation.case_builder import (
     CasesConfig,
     build_cases,
 )
-from ragtrace_collector.evaluation.document_ids import DocumentIds, IdOverlapWatch, looks_generated
+from ragtrace_collector.evaluation.document_ids import (
+    DocumentIds,
+    IdOverlapWatch,
+    id_kind,
+    looks_generated,
+)
 from ragtrace_collector.evaluation.pool import _pack_payload, _unpack_case
 from ragtrace_collector.metrics import build_metric
 from ragtrace_collector.metrics.base import JudgeFreeMetric
@@ -596,3 +603,61 @@ def test_the_watch_reports_what_the_chosen_source_matched_over_its_window() -> N
     assert warning is not None
     assert "(read from metadata.doc_id; chosen from the service's cases)" in warning
     assert "kb-92" in warning
+
+
+# ------------------------------------------------- the guarantee, on generated traffic
+#: Layouts a service's documents may have: (own id, metadata) per chunk number n of
+#: document d.  Each service keeps one layout, as an app does.
+_LAYOUTS: dict[str, Any] = {
+    "numbered chunks": lambda d, n: (str(10 * d + n), {"doc_id": d}),
+    "named chunks": lambda d, n: (f"doc{d}" if n == 0 else f"doc{d}#{n}", {"doc_id": f"doc{d}"}),
+    "node uuids": lambda d, n: (
+        str(uuid.UUID(int=(d << 8) + n)),
+        {"ref_doc_id": str(uuid.UUID(int=(d << 20) + 1)), "file_name": f"doc{d}.md"},
+    ),
+    "node uuids + doc_id": lambda d, n: (str(uuid.UUID(int=(d << 8) + n)), {"doc_id": f"doc{d}"}),
+}
+#: Which of a chunk's ids the service's reference ids name.
+_REFERENCE: dict[str, Any] = {
+    "numbered chunks": lambda d, n: str(10 * d + n),
+    "named chunks": lambda d, n: f"doc{d}" if n == 0 else f"doc{d}#{n}",
+    "node uuids": lambda d, n: f"kb-{d}",
+    "node uuids + doc_id": lambda d, n: f"doc{d}",
+}
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(sorted(_LAYOUTS)),  # the service (one layout each)
+            st.lists(  # retrieved (document, chunk)
+                st.tuples(st.integers(0, 3), st.integers(0, 2)), min_size=1, max_size=4
+            ),
+            st.tuples(st.integers(0, 3), st.integers(0, 2)),  # the reference chunk
+        ),
+        min_size=1,
+        max_size=25,
+    )
+)
+@settings(max_examples=150, deadline=None)
+def test_every_scored_case_of_a_service_compares_one_kind(cases: list[Any]) -> None:
+    """On any sequence of cases: (1) no case is scored on ids of another kind than the
+    reference ids; (2) the cases of a service whose ids met a reference id all read
+    them from the same source (one granularity per service)."""
+    rules = CaseRules()
+    hit_sources: dict[str, set[str]] = {}
+    for service, retrieved, (ref_doc, ref_chunk) in cases:
+        layout, reference = _LAYOUTS[service], _REFERENCE[service]
+        docs = [layout(d, n) for d, n in dict.fromkeys(retrieved)]
+        ref = [reference(ref_doc, ref_chunk)]
+        built = _one(_llama_trace(docs, ref), rules, service=service)
+        recall = _score("id_context_recall", built)[0]
+        if recall is None:
+            continue
+        kinds = {id_kind(i) for i in built.case.retrieved_context_ids or ()}
+        assert id_kind(ref[0]) in kinds, (service, built.case.retrieved_context_ids, ref)
+        if recall > 0:
+            source = built.attributes[semconv.DOCUMENT_ID_SOURCE].split(", ")[0]
+            hit_sources.setdefault(service, set()).add(source)
+    for service, sources in hit_sources.items():
+        assert len(sources) == 1, (service, sources)

@@ -611,6 +611,8 @@ class DocumentIds:
             found = self._unlike(values, reference_ids, soft=soft)
             if found not in (None, "no ids"):
                 held.append(f"{source} holds {found} ({_examples(values)})")
+        if not held:  # the kinds differ between documents, not between sources
+            held.append(f"{choice.source} holds {kind} ({_examples(choice.ids)})")
         ref_kind = " and ".join(sorted({id_kind(r) for r in reference_ids[:_KIND_SAMPLE]}))
         mismatch = (
             f"retrieved ids of another kind than the reference ids"
