@@ -640,6 +640,7 @@ _REFERENCE: dict[str, Any] = {
     )
 )
 @settings(max_examples=150, deadline=None)
+@pytest.mark.slow  # about 20 s
 def test_every_scored_case_of_a_service_compares_one_kind(cases: list[Any]) -> None:
     """On any sequence of cases: (1) no case is scored on ids of another kind than the
     reference ids; (2) the cases of a service whose ids met a reference id all read
