@@ -138,6 +138,66 @@ def test_openllmetry_drops_document_ids(
     assert_text_metrics_scored(root, QUESTION, got)
 
 
+def _traceloop_entity(tracer: Any, name: str, kind: str, inputs: dict[str, Any]) -> Any:
+    """A span as traceloop-sdk's ``@workflow`` / ``@task`` decorators open it (name
+    ``<name>.<kind>``, ``traceloop.span.kind``, ``traceloop.entity.name``, the call's
+    arguments as ``{"args": [...], "kwargs": {...}}``).  traceloop-sdk itself is not in
+    the lock: this is the shape its decorators write, around the real instrumentation."""
+    import json
+
+    span = tracer.start_as_current_span(f"{name}.{kind}")
+    entered = span.__enter__()
+    entered.set_attribute(semconv.TRACELOOP_SPAN_KIND, kind)
+    entered.set_attribute("traceloop.entity.name", name)
+    entered.set_attribute(semconv.TRACELOOP_ENTITY_INPUT, json.dumps(inputs))
+    return span, entered
+
+
+def _sdk_output(value: Any) -> str:
+    """The SDK's JSONEncoder: an object with ``to_json()`` (a LangChain Document) is
+    written as that."""
+    import json
+
+    return json.dumps(value, default=lambda o: o.to_json() if hasattr(o, "to_json") else str(o))
+
+
+def test_openllmetry_task_gives_the_dropped_document_ids(
+    sink: OtlpSink, tmp_path: Path, openllmetry_langchain: Any
+) -> None:
+    """traceloop-sdk: ``@workflow answer`` calls ``@task retrieve`` (the LangChain
+    retriever, whose instrumented span drops ``Document.id``) and then the chain.  The
+    task's output holds the Documents with their ids: the id metrics are scored."""
+    from langchain_core.prompts import PromptTemplate
+
+    with matrix_collector(sink, tmp_path) as serve:
+        tp = provider(serve, "lc-tl-task")
+        openllmetry_langchain.instrument(tracer_provider=tp)
+        chain, _ = _chain(ids_in_metadata=False)
+        retriever = chain.first.steps__["context"].first
+        tracer = tp.get_tracer("traceloop.sdk")
+        flow, flow_span = _traceloop_entity(
+            tracer, "answer", "workflow", {"args": [], "kwargs": {"question": QUESTION}}
+        )
+        task, task_span = _traceloop_entity(
+            tracer, "retrieve", "task", {"args": [], "kwargs": {"question": QUESTION}}
+        )
+        docs = retriever.invoke(QUESTION)
+        task_span.set_attribute(semconv.TRACELOOP_ENTITY_OUTPUT, _sdk_output(docs))
+        task.__exit__(None, None, None)
+        prompt = PromptTemplate.from_template("Context:\n{context}\n\nQuestion: {question}")
+        context = "\n".join(d.page_content for d in docs)
+        answer = answer_for(prompt.format(context=context, question=QUESTION))
+        flow_span.set_attribute(semconv.TRACELOOP_ENTITY_OUTPUT, _sdk_output(answer))
+        flow.__exit__(None, None, None)
+        tp.shutdown()
+        spans = wait_scored(sink, 1)
+    assert [d.id for d in docs] == TOP_2[QUESTION]
+    root = only_case(spans)
+    assert root.span.name == "answer.workflow"
+    assert_ids_scored(root)
+    assert root.attributes[semconv.DOCUMENT_ID_SOURCE] == "document.id"
+
+
 # ------------------------------------------------------------------ conversations
 def _conversation(
     sink: OtlpSink, tmp_path: Path, instrumentor: Any, service: str, **per_turn: Any
