@@ -64,8 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ragtrace import semconv
 from ragtrace_collector.cases import ContextItem, RAGCase
 from ragtrace_collector.conventions import CONVENTIONS, Convention, Document, Role, by_name
-from ragtrace_collector.conventions.base import documents_from_attributes, json_value
-from ragtrace_collector.conventions.base import Unread
+from ragtrace_collector.conventions.base import Unread, documents_from_attributes, json_value
 from ragtrace_collector.conventions.text import read_answer, read_question
 from ragtrace_collector.evaluation.configured_retrievers import (
     CaseMatch,
