@@ -217,3 +217,54 @@ def test_unknown_objects_say_what_they_hold() -> None:
     assert read_answer("Plain text {not json") == "Plain text {not json"
     assert read_answer("") is None
     assert read_answer(None) is None
+
+
+# ------------------------------------------------------------------ the guarantee
+def _strategy() -> Any:
+    from hypothesis import strategies as st
+
+    kinds = st.sampled_from(("human", "ai", "ai_call", "tool", "system"))
+    return st.lists(kinds, min_size=1, max_size=12)
+
+
+def _build(kinds: list[str]) -> list[Any]:
+    out: list[Any] = []
+    for n, kind in enumerate(kinds):
+        text = f"{kind} text {n}."
+        if kind == "human":
+            out.append(HumanMessage(text))
+        elif kind == "ai":
+            out.append(AIMessage(text))
+        elif kind == "ai_call":
+            out.append(_call(n))
+        elif kind == "tool":
+            out.append(ToolMessage(text, tool_call_id=f"call_{n}"))
+        else:
+            out.append(SystemMessage(text))
+    return out
+
+
+def test_the_answer_is_never_another_turn_or_role() -> None:
+    """Any sequence of messages, as a LangGraph state or a bare list: the answer is the
+    text of the last AI message after the last user message (if that one calls no
+    tool), else nothing; the question is the last user message's text."""
+    from hypothesis import given, settings
+
+    @settings(max_examples=200, deadline=None)
+    @given(_strategy())
+    def check(kinds: list[str]) -> None:
+        messages = _build(kinds)
+        users = [i for i, k in enumerate(kinds) if k == "human"]
+        after = kinds[users[-1] + 1 :] if users else kinds
+        ais = [i for i, k in enumerate(after) if k in ("ai", "ai_call")]
+        expected = None
+        if ais and after[ais[-1]] == "ai":
+            expected = messages[len(kinds) - len(after) + ais[-1]].content
+        question = messages[users[-1]].content if users else None
+        for value in (_state(messages), langchain_json(messages)):
+            got = read_answer(value)
+            assert (got if isinstance(got, str) else None) == expected, (kinds, got)
+            asked = read_question(value)
+            assert (asked if isinstance(asked, str) else None) == question, (kinds, asked)
+
+    check()
