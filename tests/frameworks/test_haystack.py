@@ -193,6 +193,7 @@ def test_openinference_question_and_answer_reduced(
 SLIP = " Berlin is not the capital of Germany."
 
 
+@pytest.mark.slow
 def test_openinference_answer_builder(sink: OtlpSink, tmp_path: Path, openinference: Any) -> None:
     """Pipeline output ``{"answer_builder": {"answers": ["GeneratedAnswer(data=...,
     query=..., documents=[...], meta=...)"]}}``: the answer is ``data``, never the repr."""

@@ -137,6 +137,7 @@ def _ask(agent: Any, calls: list[list[Any]], question: str, thread: str) -> Retr
 _METRICS = {name: {} for name in (*CASE_METRICS, *GENERATION_METRICS)}
 
 
+@pytest.mark.slow
 def test_openinference_agent(sink: OtlpSink, tmp_path: Path, openinference_langchain: Any) -> None:
     with matrix_collector(sink, tmp_path, dict(_METRICS)) as serve:
         tp = provider(serve, "langgraph-oi")
@@ -154,6 +155,7 @@ def test_openinference_agent(sink: OtlpSink, tmp_path: Path, openinference_langc
     assert_generation_scored(root, QUESTION, got)
 
 
+@pytest.mark.slow
 def test_openinference_thread(sink: OtlpSink, tmp_path: Path, openinference_langchain: Any) -> None:
     """Three turns of one checkpointer thread.  The instrumentor writes the thread id as
     ``session.id`` (no ``using_session`` needed); each turn's state holds the earlier

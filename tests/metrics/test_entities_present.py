@@ -59,7 +59,7 @@ def test_a_sentence_start_word_found_lower_case() -> None:
     assert "reset" not in details["missing"]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reference=_text, contexts=st.lists(_text, min_size=1, max_size=3))
 def test_an_entity_present_in_the_retrieved_text_is_never_missing(
     reference: str, contexts: list[str]
