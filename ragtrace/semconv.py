@@ -162,6 +162,13 @@ EVAL_SAMPLE_RATE: Final = "ragtrace.eval.sample_rate"
 EVAL_SAMPLED: Final = "ragtrace.eval.sampled"
 EVAL_COST_USD: Final = "ragtrace.eval.cost_usd"
 EVAL_LATENCY_MS: Final = "ragtrace.eval.latency_ms"
+#: Written by the collector on a scored case span: the question and the answer the
+#: metrics judged, as read from the span (JSON and framework objects reduced to their
+#: text), cut at ``enrichment.max_text_chars``.  OpenInference's ``input.value`` /
+#: ``output.value`` hold what the app recorded and are left as they are; neither the
+#: OpenInference nor the GenAI conventions name the judged text.
+EVAL_INPUT: Final = "ragtrace.eval.input"
+EVAL_OUTPUT: Final = "ragtrace.eval.output"
 #: Written by the collector on a case span whose retrieved ids were compared with
 #: reference ids: where each document's id was read (``document.id``,
 #: ``metadata.doc_id``, ...; several comma-separated when documents differ).  Outside

@@ -49,6 +49,7 @@ from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 
 __all__ = [
     "CASE_METRICS",
+    "GENERATION_METRICS",
     "KB",
     "QUESTIONS",
     "REFERENCES",
@@ -56,6 +57,7 @@ __all__ = [
     "TURN_METRICS",
     "Retrieved",
     "assert_conversation_scored",
+    "assert_generation_scored",
     "assert_ids_scored",
     "assert_ids_skipped",
     "assert_text_metrics_scored",
@@ -94,6 +96,10 @@ ID_METRICS = ("id_context_recall", "id_context_precision")
 TEXT_METRICS = tuple(m for m in CASE_METRICS if m not in ID_METRICS)
 #: The turn metric of the conversation cells.
 TURN_METRICS = ("turn_contextual_relevancy",)
+#: The generation metrics of the cells that check the answer was read as the answer
+#: (the offline judge scores them; checked against the same metric offline on the
+#: question and answer the app itself saw).
+GENERATION_METRICS = ("answer_relevancy", "faithfulness")
 
 
 def _words(text: str) -> set[str]:
@@ -228,6 +234,30 @@ def assert_text_metrics_scored(span: ReceivedSpan, question: str, got: Retrieved
         reference_contexts=[KB[i] for i in ids],
     )
     for name, score in offline_scores(case, TEXT_METRICS).items():
+        assert_scored(span, name, score)
+
+
+def assert_generation_scored(span: ReceivedSpan, question: str, got: Retrieved) -> None:
+    """The span says it judged the app's own question and answer
+    (``ragtrace.eval.input`` / ``.output``), and the generation metrics score as they
+    score offline on that true text and the documents the app retrieved."""
+    assert span.attributes.get(semconv.EVAL_INPUT) == question
+    assert span.attributes.get(semconv.EVAL_OUTPUT) == got.answer
+    case = RAGCase(
+        input=question,
+        actual_output=got.answer,
+        retrieval_context=[ContextItem(content=t) for t in got.texts],
+    )
+    offline = offline_scores(case, GENERATION_METRICS)
+    path = os.environ.get("MATRIX_REPORT")
+    if path:
+        line: dict[str, Any] = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]}
+        for name in GENERATION_METRICS:
+            line[name + ".online"] = flat(span, name, semconv.EVAL_FIELD_SCORE)
+            line[name + ".offline"] = offline[name]
+        with open(path, "a") as out:
+            out.write(json.dumps(line) + "\n")
+    for name, score in offline.items():
         assert_scored(span, name, score)
 
 

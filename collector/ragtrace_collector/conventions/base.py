@@ -28,6 +28,7 @@ __all__ = [
     "Convention",
     "Document",
     "Role",
+    "Unread",
     "as_float",
     "as_text",
     "documents_from_attributes",
@@ -77,6 +78,15 @@ class Document:
     ids: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Unread:
+    """A question or answer value that holds no text a person would call the question
+    (or the answer): what was found instead, e.g. "a JSON object with keys a, b, c"
+    (:mod:`ragtrace_collector.conventions.text`)."""
+
+    found: str
+
+
 class Convention(Protocol):
     """One instrumentation convention (a module of this package)."""
 
@@ -120,9 +130,14 @@ class Convention(Protocol):
         when the span does not record them (an empty list: it found none)."""
         ...
 
-    def question(self, attrs: Attrs) -> str | None: ...
+    def question(self, attrs: Attrs) -> str | Unread | None:
+        """The question of a case span: its text, what was found instead when the span
+        records a value that holds none (:class:`Unread`), or None."""
+        ...
 
-    def answer(self, attrs: Attrs) -> str | None: ...
+    def answer(self, attrs: Attrs) -> str | Unread | None:
+        """The answer of a case span, as :meth:`question`."""
+        ...
 
     def session_id(self, attrs: Attrs) -> str | None: ...
 

@@ -47,6 +47,7 @@ from ragtrace_collector.conventions.base import (
     Attrs,
     Document,
     Role,
+    Unread,
     as_float,
     as_text,
     documents_from_json,
@@ -54,7 +55,7 @@ from ragtrace_collector.conventions.base import (
     json_value,
     text_attribute,
 )
-from ragtrace_collector.conventions.text import question_text, reduce_answer
+from ragtrace_collector.conventions.text import question_text, read_answer, read_question
 
 name: Final = "openllmetry"
 markers: Final = {
@@ -196,12 +197,12 @@ def _event_document(attrs: Attrs) -> Document:
     return doc
 
 
-def question(attrs: Attrs) -> str | None:
-    return question_text(attrs.get(semconv.TRACELOOP_ENTITY_INPUT))
+def question(attrs: Attrs) -> str | Unread | None:
+    return read_question(attrs.get(semconv.TRACELOOP_ENTITY_INPUT))
 
 
-def answer(attrs: Attrs) -> str | None:
-    return reduce_answer(attrs.get(semconv.TRACELOOP_ENTITY_OUTPUT))
+def answer(attrs: Attrs) -> str | Unread | None:
+    return read_answer(attrs.get(semconv.TRACELOOP_ENTITY_OUTPUT))
 
 
 def session_id(attrs: Attrs) -> str | None:

@@ -75,8 +75,8 @@ from ragtrace_collector.conventions import (
     by_name,
     openllmetry,
 )
-from ragtrace_collector.conventions.base import documents_from_attributes, json_value
-from ragtrace_collector.conventions.text import reduce_answer, reduce_question
+from ragtrace_collector.conventions.base import Unread, documents_from_attributes, json_value
+from ragtrace_collector.conventions.text import read_answer, read_question
 from ragtrace_collector.evaluation.configured_retrievers import (
     CaseMatch,
     ConfiguredRetrievers,
@@ -690,6 +690,32 @@ def _first(readers: Iterable[Callable[[Mapping[str, Any]], str | None]], attrs: 
     return None
 
 
+def _first_text(
+    readers: Iterable[Callable[[Mapping[str, Any]], str | Unread | None]], attrs: Any
+) -> str | Unread | None:
+    """The first text the readers give; else what the first of them found instead."""
+    unread: Unread | None = None
+    for read in readers:
+        value = read(attrs)
+        if isinstance(value, Unread):
+            unread = unread or value
+        elif value:
+            return value
+    return unread
+
+
+def _unreadable(value: str | Unread | None, what: str, where: str | None) -> str | None:
+    """The skip reason of a question or answer that was recorded but is not text."""
+    if not isinstance(value, Unread):
+        return None
+    held = f"the {what} recorded" + (f" in {where}" if where else "")
+    key = "question_attribute" if what == "question" else "answer_attribute"
+    return (
+        f"{held} is {value.found}, not text; set cases.{key} to an attribute that holds "
+        f"the {what} text"
+    )
+
+
 def _build_one(
     node: _Node,
     groups: list[list[_Node]],
@@ -703,21 +729,28 @@ def _build_one(
     attrs = node.attrs
     order = _read_order(node, rules)
     retrievers = [n for group in groups for n in group]  # outermost first
+    question: str | Unread | None
     if rules.question_attribute is not None:
-        user_input = reduce_question(attrs.get(rules.question_attribute))
+        question = read_question(attrs.get(rules.question_attribute))
     else:
-        user_input = _first((c.question for c in order), attrs)
-        if not user_input:
+        question = _first_text((c.question for c in order), attrs)
+        if not isinstance(question, str):
+            # No question text on the case span: the first retriever's query stands in.
             for retriever in retrievers:
-                user_input = _first(
+                query = _first(
                     (c.retrieval_query for c in _read_order(retriever, rules)), retriever.attrs
                 )
-                if user_input:
+                if query:
+                    question = query
                     break
-    if rules.answer_attribute is not None:
-        actual_output = reduce_answer(attrs.get(rules.answer_attribute))
-    else:
-        actual_output = _first((c.answer for c in order), attrs)
+    user_input = question if isinstance(question, str) else None
+    # An answer that is not text stays no answer (never the question, never the JSON).
+    answer = (
+        read_answer(attrs.get(rules.answer_attribute))
+        if rules.answer_attribute is not None
+        else _first_text((c.answer for c in order), attrs)
+    )
+    actual_output = answer if isinstance(answer, str) else None
     session_id = _first((c.session_id for c in order), attrs)
     for retriever in retrievers:
         if session_id:
@@ -823,6 +856,8 @@ def _build_one(
             "retrieved_context_ids": retrieved_ids,
             "case_id": f"{trace_id}:{span_id}",
             "retrieved_ids_mismatch": mismatch,
+            "input_unreadable": _unreadable(question, "question", rules.question_attribute),
+            "output_unreadable": _unreadable(answer, "answer", rules.answer_attribute),
         },
     )
     return BuiltCase(

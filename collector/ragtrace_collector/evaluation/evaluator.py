@@ -675,6 +675,8 @@ class OnlineEvaluator(Component):
             latency_ms=latency_ms,
             cost_usd=usd if calls else (0.0 if usd is not None else None),
             extra=outcome.extra,
+            input=outcome.built.case.input,
+            output=outcome.built.case.actual_output,
         )
 
     def _record(self, outcome: _CaseOutcome, job: _Job) -> None:

@@ -43,6 +43,7 @@ from ragtrace_collector.offline.runner import (
     applicable_metrics,
     evaluate,
     make_judge_for,
+    missing_columns,
 )
 
 __all__ = ["EXIT_CODES", "epilog", "eval_command"]
@@ -56,8 +57,8 @@ EXIT_CODES = {
     EXIT_PROBLEMS: "some rows were bad (reported with line and field, skipped; the other "
     "rows were evaluated) or some results are errors (e.g. judge failures)",
     EXIT_USAGE: "nothing was evaluated: bad path, empty file, unsupported format, unknown "
-    "metric, invalid option, or a config file that cannot be read or is invalid (2 in "
-    "every command)",
+    "metric, invalid option, a field that no row has while a chosen metric needs it, or a "
+    "config file that cannot be read or is invalid (2 in every command)",
     EXIT_GATE: "the quality gate failed (--fail-under, --fail-on-case-failure), or a "
     "metric it gates scored no row (unless --allow-unscored); 1 wins when rows were bad too",
     EXIT_INTERRUPTED: "interrupted",
@@ -206,6 +207,14 @@ def _gate(args: argparse.Namespace) -> QualityGate:
     )
 
 
+def _missing_line(fld: str, metrics: Sequence[str]) -> str:
+    """ "no row has the field 'input' (or user_input, ...), which X and Y need"."""
+    names = accepted_fields().get(fld, (fld,))
+    aliases = f" (or {', '.join(names[1:])})" if len(names) > 1 else ""
+    verb = "needs" if len(metrics) == 1 else "need"
+    return f"no row has the field {fld!r}{aliases}, which {', '.join(metrics)} {verb}"
+
+
 def _output_rows(report: EvalReport) -> list[dict[str, Any]]:
     """The ``--output`` lines: results and bad rows, in input order."""
     rows = [(item.line or 0, item.index, item.to_json_dict()) for item in report.items]
@@ -270,6 +279,22 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     for problem in loaded.errors:
         err.print(
             f"[red]bad row:[/] {escape(str(data))}: {escape(str(problem))}",
+            markup=True,
+            highlight=False,
+        )
+    unmet = missing_columns(metrics, loaded.items)
+    if unmet and (args.metrics is not None or config_names is not None):
+        if output is not None:
+            output.close()
+        raise _UsageError(
+            f"{data}: "
+            + "; ".join(_missing_line(fld, names) for fld, names in unmet.items())
+            + ". These metrics would be skipped on every row: add the field, or leave them "
+            "out of --metrics"
+        )
+    for fld, names in unmet.items():
+        err.print(
+            f"[yellow]warning:[/] {escape(_missing_line(fld, names))}: left out",
             markup=True,
             highlight=False,
         )

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from ragtrace_collector.cases import Conversation, RAGCase
+from ragtrace_collector.cases import ContextItem, Conversation, RAGCase
 from ragtrace_collector.judges.base import Judge
 from ragtrace_collector.metrics import (
     METRIC_NAMES,
@@ -54,6 +54,7 @@ __all__ = [
     "evaluate",
     "evaluate_file",
     "evaluate_rows",
+    "missing_columns",
     "summarise",
 ]
 
@@ -324,6 +325,61 @@ def applicable_metrics(metrics: Sequence[Metric], items: Sequence[Item]) -> list
                 keep.append(metric)
                 break
     return keep
+
+
+#: A case with every field given: what each metric needs is what it misses once one
+#: field is taken away (each metric's own ``missing_inputs``, not a second list).
+_FULL_CASE = RAGCase(
+    input="q",
+    actual_output="a",
+    expected_output="e",
+    retrieval_context=[ContextItem(content="c", id="d")],
+    reference_contexts=["c"],
+    reference_context_ids=["d"],
+)
+#: The case fields a row may lack, each with what taking it away from the full case
+#: means (the retrieved ids are the ids of ``retrieval_context`` when not given apart).
+_PROBES: dict[str, dict[str, Any]] = {
+    "input": {"input": None},
+    "actual_output": {"actual_output": None},
+    "expected_output": {"expected_output": None},
+    "retrieval_context": {"retrieval_context": None},
+    "reference_contexts": {"reference_contexts": None},
+    "reference_context_ids": {"reference_context_ids": None},
+    "retrieved_context_ids": {"retrieval_context": [ContextItem(content="c")]},
+}
+
+
+def _lacks(case: RAGCase, fld: str) -> bool:
+    if fld == "retrieved_context_ids":
+        return case.retrieved_ids() is None
+    value = getattr(case, fld)
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def missing_columns(metrics: Sequence[Metric], items: Sequence[Item]) -> dict[str, list[str]]:
+    """``{field: [metric, ...]}``: each case field that *no* case of ``items`` gives,
+    with the metrics of ``metrics`` that need it and so could score no case.
+
+    What a metric needs is read from the metric itself (its ``missing_inputs`` on a case
+    with every field, then without one).  Conversations are not looked at; a metric that
+    scores some case is never listed."""
+    cases = [i for i in items if isinstance(i, RAGCase)]
+    if not cases:
+        return {}
+    absent = [f for f in _PROBES if all(_lacks(c, f) for c in cases)]
+    found: dict[str, list[str]] = {}
+    if not absent:
+        return found
+    for metric in metrics:
+        if metric.kind != "case" or metric.missing_inputs(_FULL_CASE) is not None:
+            continue
+        if any(metric.missing_inputs(c) is None for c in cases):
+            continue
+        for fld in absent:
+            if metric.missing_inputs(_FULL_CASE.model_copy(update=_PROBES[fld])) is not None:
+                found.setdefault(fld, []).append(metric.name)
+    return found
 
 
 async def _measure(metric: Metric, item: Item, judge: Judge | None) -> MetricResult | None:
