@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 from ragtrace_collector.conventions.base import json_value
 
-__all__ = ["question_text", "reduce_answer", "reduce_question"]
+__all__ = ["answer_text", "question_text", "reduce_answer", "reduce_question"]
 
 _MAX_DEPTH = 8
 
@@ -112,6 +112,12 @@ def question_text(value: Any) -> str | None:
 def reduce_answer(value: Any) -> str | None:
     """The final answer text held by an output value (see the module docstring)."""
     return _reduce_value(value, "answer", True)
+
+
+def answer_text(value: Any) -> str | None:
+    """As :func:`reduce_answer`, but None rather than the value when it is JSON that
+    holds no answer text (the answer side of :func:`question_text`)."""
+    return _reduce_value(value, "answer", False)
 
 
 def _reduce_value(value: Any, side: _Side, keep: bool) -> str | None:
