@@ -1,9 +1,10 @@
 """Evaluation cases from the spans of one trace, whatever instrumented them.
 
 The convention modules (:mod:`ragtrace_collector.conventions`: ragtrace, OpenInference,
-OTel GenAI, OpenLLMetry, MLflow, Langfuse) say what each span is (:class:`~.conventions.Role`) and read
-its documents, question, answer and session; this module picks the case spans and
-builds one :class:`BuiltCase` per case span.  The rest of the collector sees only cases.
+OTel GenAI, OpenLLMetry, MLflow, Langfuse) say what each span is
+(:class:`~.conventions.Role`) and read its documents, question, answer and session;
+this module picks the case spans and builds one :class:`BuiltCase` per case span.
+The rest of the collector sees only cases.
 
 **Which span is a case.**
 

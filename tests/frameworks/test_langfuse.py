@@ -1,0 +1,105 @@
+"""Supported matrix: Langfuse's Python SDK (OTel-based, v3 on), ``@observe`` with
+``as_type="retriever"`` on the app's retriever, exported by Langfuse itself to a real
+collector with no config (``LANGFUSE_BASE_URL`` = the collector,
+``LANGFUSE_OTEL_TRACES_EXPORT_PATH=v1/traces``).
+
+The app (tests/frameworks/_tracing_apps.py, a process of its own) retrieves with the
+corpus's keyword rule and returns LangChain ``Document(page_content, metadata, id=...)``:
+top 2 of "What is the capital of France?" is kb_paris, kb_berlin, so
+id_context_recall = 1/1 = 1.0 and id_context_precision = 1/2 = 0.5.  Its top function
+is a plain ``@observe()`` (type ``span``); called with the question as a positional
+argument, Langfuse records its input as ``{"args": ["..."], "kwargs": {}}``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragtrace import semconv
+from tests.e2e._support import JudgeServer, Serve
+from tests.fakes.otlp_sink import OtlpSink
+from tests.frameworks._matrix import (
+    CASE_METRICS,
+    QUESTIONS,
+    TURN_METRICS,
+    assert_conversation_scored,
+    assert_ids_scored,
+    assert_text_metrics_scored,
+    matrix_collector,
+    only_case,
+    wait_scored,
+)
+from tests.frameworks._tracing_apps import AppProcess
+from tests.frameworks.test_mlflow import ANSWER_METRICS, assert_answer_metrics_scored
+
+pytestmark = [pytest.mark.slow]
+
+QUESTION = QUESTIONS[0]
+
+
+def langfuse_env(serve: Serve, service: str) -> dict[str, str]:
+    """The settings that make Langfuse export to the collector."""
+    return {
+        "LANGFUSE_BASE_URL": serve.http_url,
+        "LANGFUSE_OTEL_TRACES_EXPORT_PATH": "v1/traces",
+        # Required by the SDK to export at all; the collector does not check them.
+        "LANGFUSE_PUBLIC_KEY": "pk-lf-local",
+        "LANGFUSE_SECRET_KEY": "sk-lf-local",
+        "OTEL_SERVICE_NAME": service,
+    }
+
+
+@contextmanager
+def langfuse_app(serve: Serve, service: str, llm: JudgeServer) -> Iterator[AppProcess]:
+    app = AppProcess("langfuse", langfuse_env(serve, service), llm.base_url)
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize("positional", [True, False], ids=["positional", "keyword"])
+def test_langfuse_retriever(
+    sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer, positional: bool
+) -> None:
+    """The top observation is the case: the question from its recorded arguments
+    (positional or keyword), documents (id, content, metadata) from the retriever's
+    ``langfuse.observation.output``, so the reference store finds the ground truth."""
+    metrics: dict[str, dict[str, Any]] = {m: {} for m in (*CASE_METRICS, *ANSWER_METRICS)}
+    with matrix_collector(sink, tmp_path, metrics) as serve:
+        with langfuse_app(serve, "langfuse-rag", llm_server) as app:
+            got = app.ask(QUESTION, positional=positional)
+        spans = wait_scored(sink, 1)
+    root = only_case(spans)
+    assert root.span.name == "answer"
+    recorded = root.attributes[semconv.LANGFUSE_OBSERVATION_INPUT]
+    assert recorded.startswith('{"args": ["' if positional else '{"args": [], "kwargs": {"')
+    assert root.attributes[semconv.DOCUMENT_ID_SOURCE] == "document.id"
+    assert_ids_scored(root)
+    assert_text_metrics_scored(root, QUESTION, got)
+    assert_answer_metrics_scored(root, QUESTION, got.answer, got.texts)
+
+
+def test_langfuse_sessions(sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer) -> None:
+    """``propagate_attributes(session_id=...)``: ``session.id`` on every observation,
+    three turns."""
+    session = f"langfuse-{uuid.uuid4().hex[:8]}"
+    turns = []
+    metrics: dict[str, dict[str, Any]] = {name: {} for name in (*TURN_METRICS, "id_context_recall")}
+    with matrix_collector(sink, tmp_path, metrics) as serve:
+        with langfuse_app(serve, "langfuse-chat", llm_server) as app:
+            for n, question in enumerate(QUESTIONS, 1):
+                turns.append((question, app.ask(question, session=session)))
+                wait_scored(sink, n)
+        roots = sorted(
+            (s for s in sink.spans if not s.span.parent_span_id),
+            key=lambda s: s.span.start_time_unix_nano,
+        )
+    assert [r.attributes[semconv.SESSION_ID] for r in roots] == [session] * 3
+    assert_conversation_scored(roots, turns)
