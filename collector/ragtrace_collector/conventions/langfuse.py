@@ -73,7 +73,8 @@ def question(attrs: Attrs) -> str | None:
 def _call_question(args: Any, kwargs: Any) -> str | None:
     """The question of a call recorded as its arguments: the keyword arguments reduced
     as an input object (``question=``, ``query=``, ...), else the first positional
-    argument that is text, else the first that reduces to text."""
+    argument that is text, else the first object (or list of objects) that reduces to
+    text."""
     if isinstance(kwargs, Mapping) and kwargs:
         found = question_text(dict(kwargs))
         if found:
@@ -84,7 +85,11 @@ def _call_question(args: Any, kwargs: Any) -> str | None:
         if isinstance(arg, str) and arg:
             return question_text(arg)
     for arg in args:
-        if isinstance(arg, (Mapping, list)):
+        # An object, or a list of objects (messages): not a list of numbers (an
+        # embedding), whose last number is no question.
+        if isinstance(arg, Mapping) or (
+            isinstance(arg, list) and arg and all(isinstance(a, Mapping) for a in arg)
+        ):
             found = question_text(arg)
             if found:
                 return found
