@@ -45,11 +45,9 @@ from ragtrace_collector.conventions.base import (
 from ragtrace_collector.conventions.text import answer_text, question_text
 
 name: Final = "mlflow"
-markers: Final = {
-    semconv.MLFLOW_SPAN_TYPE: frozenset(
-        {semconv.MLFLOW_TYPE_RETRIEVER, semconv.MLFLOW_TYPE_RERANKER}
-    )
-}
+#: A retriever marks a trace that may hold a case (a reranker comes with one, as in
+#: OpenInference): one pattern more for the prefilter, not two.
+markers: Final = {semconv.MLFLOW_SPAN_TYPE: frozenset({semconv.MLFLOW_TYPE_RETRIEVER})}
 event_markers: Final = frozenset[str]()
 name_suffixes: Final = ()
 role_keys: Final = frozenset({semconv.MLFLOW_SPAN_TYPE})
