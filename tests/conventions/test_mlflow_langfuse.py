@@ -249,3 +249,22 @@ def test_unquote() -> None:
     assert unquote('"1" and "2"') == '"1" and "2"'  # not one JSON string
     assert unquote(None) is None
     assert unquote(3) == 3
+
+
+def test_mlflow_doc_uri_is_compared_when_configured() -> None:
+    """MLflow's retrieval evaluation names documents by ``metadata.doc_uri``: with no
+    ``Document.id``, ``cases.document_id: [metadata.doc_uri]`` compares it."""
+    from ragtrace_collector.evaluation.case_builder import CaseRules, CasesConfig
+
+    docs = json.loads(MLFLOW_DOCUMENTS)
+    for doc in docs:
+        doc["id"] = None  # what MLflow writes for a Document made without an id
+        doc["metadata"].pop("chunk_id", None)
+    spans = _mlflow_trace()
+    spans[0].attributes[2].value.string_value = json.dumps(docs)
+    assert spans[0].attributes[2].key == semconv.MLFLOW_SPAN_OUTPUTS
+    [built] = build_cases(spans)
+    assert built.case.retrieved_context_ids is None  # no id of a kind read by default
+    rules = CaseRules(CasesConfig(document_id=["metadata.doc_uri"]))
+    [built] = build_cases(spans, rules=rules)
+    assert built.case.retrieved_context_ids == ["kb/kb_paris", "kb/kb_berlin"]
