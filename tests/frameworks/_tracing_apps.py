@@ -4,7 +4,7 @@ their OTLP export once per process, from the environment, as a user's app does, 
 every test starts one with the collector's address in its environment.
 
 Protocol: one JSON request per line on stdin (``{"question", "session",
-"positional"}``), one JSON line back per request on stdout (``{"ids", "texts",
+"positional", "embedded"}``), one JSON line back per request on stdout (``{"ids", "texts",
 "answer"}``: what the app retrieved and answered), sent once the request's spans are
 exported.  The app retrieves with the corpus's keyword rule (:func:`_matrix.rank`) and
 answers with the loopback OpenAI-compatible server at ``MATRIX_LLM_URL``.
@@ -20,6 +20,9 @@ from typing import Any
 
 from tests.e2e._instrumented import KB
 from tests.frameworks._matrix import rank
+
+#: The question behind each embedding the embedded app is given.
+QUESTION_OF: dict[tuple[float, ...], str] = {}
 
 
 def _generate(question: str, texts: list[str]) -> str:
@@ -72,11 +75,14 @@ def _langfuse_app() -> tuple[Callable[[dict[str, Any]], dict[str, Any]], Callabl
     from langchain_core.documents import Document
     from langfuse import get_client, observe, propagate_attributes
 
-    @observe(as_type="retriever")
-    def retrieve(query: str) -> list[Document]:
+    def documents(query: str) -> list[Document]:
         return [
             Document(page_content=KB[i], metadata={"source": f"kb/{i}"}, id=i) for i in rank(query)
         ]
+
+    @observe(as_type="retriever")
+    def retrieve(query: str) -> list[Document]:
+        return documents(query)
 
     @observe(as_type="generation")
     def generate(question: str, docs: list[Document]) -> str:
@@ -86,10 +92,26 @@ def _langfuse_app() -> tuple[Callable[[dict[str, Any]], dict[str, Any]], Callabl
     def answer(question: str) -> str:
         return generate(question, retrieve(question))
 
+    @observe(as_type="retriever")
+    def search(vector: list[float], k: int) -> list[Document]:
+        return documents(QUESTION_OF[tuple(vector)])
+
+    @observe()
+    def answer_embedded(vector: list[float]) -> str:
+        """An app whose request carries only the question's embedding: no argument
+        anywhere holds its text."""
+        question = QUESTION_OF[tuple(vector)]
+        docs = search(vector, 2)
+        return generate(question, docs)
+
     def ask(request: dict[str, Any]) -> dict[str, Any]:
         question = request["question"]
         session = request.get("session")
-        if session is None:
+        if request.get("embedded"):
+            vector = [float(len(question)), 0.5]
+            QUESTION_OF[tuple(vector)] = question
+            text = answer_embedded(vector)
+        elif session is None:
             text = answer(question) if request.get("positional") else answer(question=question)
         else:
             with propagate_attributes(session_id=session):
@@ -143,14 +165,26 @@ class AppProcess:
             text=True,
         )
 
-    def ask(self, question: str, *, session: str | None = None, positional: bool = False) -> Any:
+    def ask(
+        self,
+        question: str,
+        *,
+        session: str | None = None,
+        positional: bool = False,
+        embedded: bool = False,
+    ) -> Any:
         """What the app retrieved and answered (a :class:`~tests.e2e._instrumented.Retrieved`),
         once its spans are exported."""
         from tests.e2e._instrumented import Retrieved
 
         assert self._proc.stdin is not None
         assert self._proc.stdout is not None
-        request = {"question": question, "session": session, "positional": positional}
+        request = {
+            "question": question,
+            "session": session,
+            "positional": positional,
+            "embedded": embedded,
+        }
         self._proc.stdin.write(json.dumps(request) + "\n")
         self._proc.stdin.flush()
         line = self._proc.stdout.readline()

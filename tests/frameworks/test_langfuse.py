@@ -22,12 +22,14 @@ from typing import Any
 import pytest
 
 from ragtrace import semconv
-from tests.e2e._support import JudgeServer, Serve
+from tests.e2e._support import JudgeServer, Serve, flat
 from tests.fakes.otlp_sink import OtlpSink
 from tests.frameworks._matrix import (
+    ANSWER_METRICS,
     CASE_METRICS,
     QUESTIONS,
     TURN_METRICS,
+    assert_answer_metrics_scored,
     assert_conversation_scored,
     assert_ids_scored,
     assert_text_metrics_scored,
@@ -36,7 +38,6 @@ from tests.frameworks._matrix import (
     wait_scored,
 )
 from tests.frameworks._tracing_apps import AppProcess
-from tests.frameworks.test_mlflow import ANSWER_METRICS, assert_answer_metrics_scored
 
 pytestmark = [pytest.mark.slow]
 
@@ -103,3 +104,29 @@ def test_langfuse_sessions(sink: OtlpSink, tmp_path: Path, llm_server: JudgeServ
         )
     assert [r.attributes[semconv.SESSION_ID] for r in roots] == [session] * 3
     assert_conversation_scored(roots, turns)
+
+
+def test_langfuse_question_not_recorded(
+    sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer
+) -> None:
+    """The request carries only the question's embedding (``{"args": [[n, 0.5]]}`` on the
+    case span, ``{"args": [[n, 0.5], 2]}`` on the retriever): there is no question to
+    read, so the metrics that need one are skipped, never judged on the recorded JSON;
+    without a question the reference store is not asked, so the id metrics are skipped
+    for want of ground truth while the answer metric that needs no question is scored."""
+    metrics: dict[str, dict[str, Any]] = {
+        m: {} for m in ("contextual_relevancy", "faithfulness", "id_context_recall")
+    }
+    with matrix_collector(sink, tmp_path, metrics) as serve:
+        with langfuse_app(serve, "langfuse-embedded", llm_server) as app:
+            got = app.ask(QUESTION, embedded=True)
+        spans = wait_scored(sink, 1)
+    root = only_case(spans)
+    assert root.attributes[semconv.LANGFUSE_OBSERVATION_INPUT].startswith('{"args": [[')
+    for name in ("contextual_relevancy", "id_context_recall"):
+        assert flat(root, name, semconv.EVAL_FIELD_SCORE) is None, name
+        assert flat(root, name, semconv.EVAL_FIELD_SKIPPED) is True, name
+    reason = flat(root, "contextual_relevancy", semconv.EVAL_FIELD_REASON)
+    assert isinstance(reason, str)
+    assert reason.endswith("no input"), reason
+    assert_answer_metrics_scored(root, None, got.answer, got.texts, names=("faithfulness",))

@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 
 from ragtrace import semconv
-from tests.e2e._instrumented import offline_scores
-from tests.e2e._support import JudgeServer, Serve, assert_scored
+from tests.e2e._support import JudgeServer, Serve
 from tests.fakes.otlp_sink import OtlpSink
 from tests.frameworks._matrix import (
+    ANSWER_METRICS,
     CASE_METRICS,
     QUESTIONS,
-    REFERENCES,
     TURN_METRICS,
+    assert_answer_metrics_scored,
     assert_conversation_scored,
     assert_ids_scored,
     assert_text_metrics_scored,
@@ -41,8 +41,6 @@ from tests.frameworks._tracing_apps import AppProcess
 pytestmark = [pytest.mark.slow]
 
 QUESTION = QUESTIONS[0]
-#: The generation metrics, checked against the same metrics offline on the true text.
-ANSWER_METRICS = ("faithfulness", "answer_relevancy")
 
 
 def mlflow_env(serve: Serve, service: str) -> dict[str, str]:
@@ -84,20 +82,6 @@ def test_mlflow_retriever(sink: OtlpSink, tmp_path: Path, llm_server: JudgeServe
     assert_text_metrics_scored(root, QUESTION, got)
     assert got.answer == "Paris is the capital of France."
     assert_answer_metrics_scored(root, QUESTION, got.answer, got.texts)
-
-
-def assert_answer_metrics_scored(root: Any, question: str, answer: str, texts: list[str]) -> None:
-    """The generation metrics as offline on the true question and answer."""
-    from ragtrace_collector.cases import ContextItem, RAGCase
-
-    case = RAGCase(
-        input=question,
-        actual_output=answer,
-        retrieval_context=[ContextItem(content=t) for t in texts],
-        reference_context_ids=REFERENCES[question],
-    )
-    for name, score in offline_scores(case, ANSWER_METRICS).items():
-        assert_scored(root, name, score)
 
 
 def test_mlflow_conversation(sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer) -> None:
