@@ -1,6 +1,6 @@
 """The RAG apps of the MLflow and Langfuse matrix cells, each run in a process of its
-own (``python -m tests.frameworks._tracing_apps mlflow|langfuse``): both SDKs set up
-their OTLP export once per process, from the environment, as a user's app does, so
+own (``python -m tests.frameworks._tracing_apps APP``, APP one of :data:`_APPS`): both
+SDKs set up their OTLP export once per process, from the environment, as a user's app does, so
 every test starts one with the collector's address in its environment.
 
 Protocol: one JSON request per line on stdin (``{"question", "session",
@@ -124,8 +124,57 @@ def _langfuse_app() -> tuple[Callable[[dict[str, Any]], dict[str, Any]], Callabl
     return ask, flush
 
 
+def _langfuse_langchain_app() -> tuple[
+    Callable[[dict[str, Any]], dict[str, Any]], Callable[[], None]
+]:
+    """An LCEL chain traced by Langfuse's LangChain callback handler (no decorator)."""
+    from langchain_core.callbacks import CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+    from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+    from langfuse import get_client, propagate_attributes
+    from langfuse.langchain import CallbackHandler
+
+    class KeywordRetriever(BaseRetriever):
+        def _get_relevant_documents(
+            self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+        ) -> list[Document]:
+            return [
+                Document(page_content=KB[i], metadata={"source": f"kb/{i}"}, id=i)
+                for i in rank(query)
+            ]
+
+    def generate(inputs: dict[str, Any]) -> str:
+        return _generate(inputs["question"], [d.page_content for d in inputs["context"]])
+
+    chain = {
+        "context": KeywordRetriever(),
+        "question": RunnablePassthrough(),
+    } | RunnableLambda(generate)
+
+    def ask(request: dict[str, Any]) -> dict[str, Any]:
+        config: Any = {"callbacks": [CallbackHandler()]}
+        session = request.get("session")
+        if session is None:
+            return {"answer": chain.invoke(request["question"], config=config)}
+        with propagate_attributes(session_id=session):
+            return {"answer": chain.invoke(request["question"], config=config)}
+
+    def flush() -> None:
+        get_client().flush()
+
+    return ask, flush
+
+
+_APPS = {
+    "mlflow": _mlflow_app,
+    "langfuse": _langfuse_app,
+    "langfuse-langchain": _langfuse_langchain_app,
+}
+
+
 def main() -> None:
-    ask, flush = _mlflow_app() if sys.argv[1] == "mlflow" else _langfuse_app()
+    ask, flush = _APPS[sys.argv[1]]()
     for line in sys.stdin:
         request = json.loads(line)
         got = ask(request)

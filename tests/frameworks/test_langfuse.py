@@ -57,8 +57,10 @@ def langfuse_env(serve: Serve, service: str) -> dict[str, str]:
 
 
 @contextmanager
-def langfuse_app(serve: Serve, service: str, llm: JudgeServer) -> Iterator[AppProcess]:
-    app = AppProcess("langfuse", langfuse_env(serve, service), llm.base_url)
+def langfuse_app(
+    serve: Serve, service: str, llm: JudgeServer, which: str = "langfuse"
+) -> Iterator[AppProcess]:
+    app = AppProcess(which, langfuse_env(serve, service), llm.base_url)
     try:
         yield app
     finally:
@@ -130,3 +132,23 @@ def test_langfuse_question_not_recorded(
     assert isinstance(reason, str)
     assert reason.endswith("no input"), reason
     assert_answer_metrics_scored(root, None, got.answer, got.texts, names=("faithfulness",))
+
+
+def test_langfuse_langchain_handler(
+    sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer
+) -> None:
+    """An LCEL chain traced by ``langfuse.langchain.CallbackHandler``: the chain
+    observations (``RunnableSequence`` on top) and the ``retriever`` observation whose
+    output is the LangChain documents, ``Document.id`` kept."""
+    metrics: dict[str, dict[str, Any]] = {m: {} for m in (*CASE_METRICS, *ANSWER_METRICS)}
+    with matrix_collector(sink, tmp_path, metrics) as serve:
+        with langfuse_app(serve, "langfuse-lcel", llm_server, "langfuse-langchain") as app:
+            got = app.ask(QUESTION)
+        spans = wait_scored(sink, 1)
+    root = only_case(spans)
+    assert root.span.name == "RunnableSequence"
+    assert root.attributes[semconv.LANGFUSE_OBSERVATION_TYPE] == "chain"
+    assert root.attributes[semconv.DOCUMENT_ID_SOURCE] == "document.id"
+    assert_ids_scored(root)
+    assert_text_metrics_scored(root, QUESTION, got)
+    assert_answer_metrics_scored(root, QUESTION, got.answer, got.texts)
