@@ -53,6 +53,9 @@ def mlflow_env(serve: Serve, service: str) -> dict[str, str]:
         # imports a module it does not ship (sqlparse): any URI that is not Databricks'
         # avoids it; with the OTLP endpoint set, nothing is sent there.
         "MLFLOW_TRACKING_URI": "http://127.0.0.1:9",
+        # MLflow sends usage telemetry to its own servers unless told not to: a test
+        # reaches no network.
+        "MLFLOW_DISABLE_TELEMETRY": "true",
     }
 
 
