@@ -37,6 +37,12 @@ def _generate(question: str, texts: list[str]) -> str:
     return completion.choices[0].message.content or ""
 
 
+def _mlflow_flush() -> None:
+    from mlflow.tracing.provider import provider
+
+    provider.get().force_flush(10_000)  # its OTLP span processor batches
+
+
 def _mlflow_app() -> tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[], None]]:
     import mlflow
     from mlflow.entities import Document, SpanType
@@ -63,12 +69,7 @@ def _mlflow_app() -> tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[
         text = answer(request["question"], request.get("session"))
         return {"answer": text}
 
-    def flush() -> None:
-        from mlflow.tracing.provider import provider
-
-        provider.get().force_flush(10_000)  # its OTLP span processor batches
-
-    return ask, flush
+    return ask, _mlflow_flush
 
 
 def _langfuse_app() -> tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[], None]]:
@@ -124,16 +125,13 @@ def _langfuse_app() -> tuple[Callable[[dict[str, Any]], dict[str, Any]], Callabl
     return ask, flush
 
 
-def _langfuse_langchain_app() -> tuple[
-    Callable[[dict[str, Any]], dict[str, Any]], Callable[[], None]
-]:
-    """An LCEL chain traced by Langfuse's LangChain callback handler (no decorator)."""
+def _lcel_chain() -> Any:
+    """An LCEL RAG chain: a LangChain retriever (``Document(id=...)``, the corpus's
+    keyword rule) and the loopback LLM."""
     from langchain_core.callbacks import CallbackManagerForRetrieverRun
     from langchain_core.documents import Document
     from langchain_core.retrievers import BaseRetriever
     from langchain_core.runnables import RunnableLambda, RunnablePassthrough
-    from langfuse import get_client, propagate_attributes
-    from langfuse.langchain import CallbackHandler
 
     class KeywordRetriever(BaseRetriever):
         def _get_relevant_documents(
@@ -147,10 +145,20 @@ def _langfuse_langchain_app() -> tuple[
     def generate(inputs: dict[str, Any]) -> str:
         return _generate(inputs["question"], [d.page_content for d in inputs["context"]])
 
-    chain = {
+    return {
         "context": KeywordRetriever(),
         "question": RunnablePassthrough(),
     } | RunnableLambda(generate)
+
+
+def _langfuse_langchain_app() -> tuple[
+    Callable[[dict[str, Any]], dict[str, Any]], Callable[[], None]
+]:
+    """The LCEL chain traced by Langfuse's LangChain callback handler (no decorator)."""
+    from langfuse import get_client, propagate_attributes
+    from langfuse.langchain import CallbackHandler
+
+    chain = _lcel_chain()
 
     def ask(request: dict[str, Any]) -> dict[str, Any]:
         config: Any = {"callbacks": [CallbackHandler()]}
@@ -166,10 +174,26 @@ def _langfuse_langchain_app() -> tuple[
     return ask, flush
 
 
+def _mlflow_langchain_app() -> tuple[
+    Callable[[dict[str, Any]], dict[str, Any]], Callable[[], None]
+]:
+    """The LCEL chain traced by ``mlflow.langchain.autolog()`` (no decorator)."""
+    import mlflow
+
+    mlflow.langchain.autolog()
+    chain = _lcel_chain()
+
+    def ask(request: dict[str, Any]) -> dict[str, Any]:
+        return {"answer": chain.invoke(request["question"])}
+
+    return ask, _mlflow_flush
+
+
 _APPS = {
     "mlflow": _mlflow_app,
     "langfuse": _langfuse_app,
     "langfuse-langchain": _langfuse_langchain_app,
+    "mlflow-langchain": _mlflow_langchain_app,
 }
 
 

@@ -60,8 +60,10 @@ def mlflow_env(serve: Serve, service: str) -> dict[str, str]:
 
 
 @contextmanager
-def mlflow_app(serve: Serve, service: str, llm: JudgeServer) -> Iterator[AppProcess]:
-    app = AppProcess("mlflow", mlflow_env(serve, service), llm.base_url)
+def mlflow_app(
+    serve: Serve, service: str, llm: JudgeServer, which: str = "mlflow"
+) -> Iterator[AppProcess]:
+    app = AppProcess(which, mlflow_env(serve, service), llm.base_url)
     try:
         yield app
     finally:
@@ -103,3 +105,21 @@ def test_mlflow_conversation(sink: OtlpSink, tmp_path: Path, llm_server: JudgeSe
         )
     assert [r.attributes[semconv.SESSION_ID] for r in roots] == [f'"{session}"'] * 3
     assert_conversation_scored(roots, turns)
+
+
+def test_mlflow_langchain_autolog(sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer) -> None:
+    """An LCEL chain traced by ``mlflow.langchain.autolog()``: ``"CHAIN"`` spans
+    (``RunnableSequence`` on top, its question a JSON-quoted string) and the
+    ``"RETRIEVER"`` span whose outputs are the LangChain documents, ``Document.id`` kept."""
+    metrics: dict[str, dict[str, Any]] = {m: {} for m in (*CASE_METRICS, *ANSWER_METRICS)}
+    with matrix_collector(sink, tmp_path, metrics) as serve:
+        with mlflow_app(serve, "mlflow-lcel", llm_server, "mlflow-langchain") as app:
+            got = app.ask(QUESTION)
+        spans = wait_scored(sink, 1)
+    root = only_case(spans)
+    assert root.span.name == "RunnableSequence"
+    assert root.attributes[semconv.MLFLOW_SPAN_INPUTS] == f'"{QUESTION}"'
+    assert root.attributes[semconv.DOCUMENT_ID_SOURCE] == "document.id"
+    assert_ids_scored(root)
+    assert_text_metrics_scored(root, QUESTION, got)
+    assert_answer_metrics_scored(root, QUESTION, got.answer, got.texts)
