@@ -174,6 +174,14 @@ def test_mlflow_answer_that_is_json_without_text_is_no_answer() -> None:
     assert built.case.actual_output == ANSWER
 
 
+def test_mlflow_quoted_question() -> None:
+    """``mlflow.langchain.autolog()`` records a chain called with a string as that
+    string, JSON-quoted."""
+    attrs = {semconv.MLFLOW_SPAN_INPUTS: json.dumps(QUESTION)}
+    assert mlflow.question(attrs) == QUESTION
+    assert mlflow.retrieval_query(attrs) == QUESTION
+
+
 def test_mlflow_trace_without_retriever_is_not_decoded() -> None:
     spans = _mlflow_trace()
     assert may_hold_case(spans)
