@@ -155,6 +155,39 @@ DB_QUERY_RESULT_DISTANCE: Final = "db.query.result.distance"
 DB_QUERY_RESULT_METADATA: Final = "db.query.result.metadata"
 DB_QUERY_RESULT_DOCUMENT: Final = "db.query.result.document"
 
+# ------------------------------------------------- MLflow tracing (read only)
+# From ``mlflow.tracing.constant.SpanAttributeKey`` and ``mlflow.entities.SpanType``:
+# MLflow writes every one of its span attributes as JSON, so a span type is the
+# JSON-quoted string (``"RETRIEVER"``, quotes included) and a session id set with
+# ``span.set_attribute("session.id", ...)`` arrives as ``"..."`` too.
+MLFLOW_SPAN_TYPE: Final = "mlflow.spanType"
+MLFLOW_SPAN_INPUTS: Final = "mlflow.spanInputs"
+MLFLOW_SPAN_OUTPUTS: Final = "mlflow.spanOutputs"
+MLFLOW_TYPE_RETRIEVER: Final = '"RETRIEVER"'
+MLFLOW_TYPE_RERANKER: Final = '"RERANKER"'
+#: Span types that may be the case span (the outermost one above a retriever);
+#: ``UNKNOWN`` is what ``@mlflow.trace`` without ``span_type`` writes.
+MLFLOW_ROOT_TYPES: Final = (
+    '"CHAIN"',
+    '"AGENT"',
+    '"WORKFLOW"',
+    '"UNKNOWN"',
+    '"LLM"',
+    '"CHAT_MODEL"',
+)
+
+# ------------------------------------------ Langfuse Python SDK v3+ (read only)
+# From ``langfuse._client.attributes.LangfuseOtelSpanAttributes``: the type an
+# observation was made with (``@observe(as_type=...)``), its input and output (JSON, or
+# the text itself); the session (``propagate_attributes(session_id=...)``) is written
+# as ``session.id`` (:data:`SESSION_ID`).
+LANGFUSE_OBSERVATION_TYPE: Final = "langfuse.observation.type"
+LANGFUSE_OBSERVATION_INPUT: Final = "langfuse.observation.input"
+LANGFUSE_OBSERVATION_OUTPUT: Final = "langfuse.observation.output"
+LANGFUSE_TYPE_RETRIEVER: Final = "retriever"
+#: Observation types that may be the case span; ``span`` is ``@observe()``'s default.
+LANGFUSE_ROOT_TYPES: Final = ("span", "chain", "agent", "generation")
+
 # ------------------------------------------------------------------ evaluation
 EVAL_PREFIX: Final = "ragtrace.eval"
 EVAL_MODEL: Final = "ragtrace.eval.model"

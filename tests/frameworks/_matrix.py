@@ -48,14 +48,15 @@ from tests.e2e._support import Serve, assert_scored, flat
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 
 __all__ = [
+    "ANSWER_METRICS",
     "CASE_METRICS",
-    "GENERATION_METRICS",
     "KB",
     "QUESTIONS",
     "REFERENCES",
     "TOP_2",
     "TURN_METRICS",
     "Retrieved",
+    "assert_answer_metrics_scored",
     "assert_conversation_scored",
     "assert_generation_scored",
     "assert_ids_scored",
@@ -94,12 +95,11 @@ EXPECTED_RECALL = 1.0
 EXPECTED_PRECISION = 0.5
 ID_METRICS = ("id_context_recall", "id_context_precision")
 TEXT_METRICS = tuple(m for m in CASE_METRICS if m not in ID_METRICS)
+#: The generation metrics of the cells that check the answer read (against the same
+#: metrics offline on the app's true question and answer).
+ANSWER_METRICS = ("faithfulness", "answer_relevancy")
 #: The turn metric of the conversation cells.
 TURN_METRICS = ("turn_contextual_relevancy",)
-#: The generation metrics of the cells that check the answer was read as the answer
-#: (the offline judge scores them; checked against the same metric offline on the
-#: question and answer the app itself saw).
-GENERATION_METRICS = ("answer_relevancy", "faithfulness")
 
 
 def _words(text: str) -> set[str]:
@@ -237,28 +237,40 @@ def assert_text_metrics_scored(span: ReceivedSpan, question: str, got: Retrieved
         assert_scored(span, name, score)
 
 
+def assert_answer_metrics_scored(
+    span: ReceivedSpan,
+    question: str | None,
+    answer: str,
+    texts: list[str],
+    names: tuple[str, ...] = ANSWER_METRICS,
+) -> None:
+    """The generation metrics ``names`` scored on ``span`` as offline on the app's true
+    question (None: it had none to read) and answer.  With ``MATRIX_REPORT`` set, the
+    pairs are appended there too."""
+    case = RAGCase(
+        input=question,
+        actual_output=answer,
+        retrieval_context=[ContextItem(content=t) for t in texts],
+    )
+    expected = offline_scores(case, names)
+    path = os.environ.get("MATRIX_REPORT")
+    if path:
+        line: dict[str, Any] = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]}
+        for name, score in expected.items():
+            line[name] = {"offline": score, "online": flat(span, name, semconv.EVAL_FIELD_SCORE)}
+        with open(path, "a") as out:
+            out.write(json.dumps(line) + "\n")
+    for name, score in expected.items():
+        assert_scored(span, name, score)
+
+
 def assert_generation_scored(span: ReceivedSpan, question: str, got: Retrieved) -> None:
     """The span says it judged the app's own question and answer
     (``ragtrace.eval.input`` / ``.output``), and the generation metrics score as they
     score offline on that true text and the documents the app retrieved."""
     assert span.attributes.get(semconv.EVAL_INPUT) == question
     assert span.attributes.get(semconv.EVAL_OUTPUT) == got.answer
-    case = RAGCase(
-        input=question,
-        actual_output=got.answer,
-        retrieval_context=[ContextItem(content=t) for t in got.texts],
-    )
-    offline = offline_scores(case, GENERATION_METRICS)
-    path = os.environ.get("MATRIX_REPORT")
-    if path:
-        line: dict[str, Any] = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]}
-        for name in GENERATION_METRICS:
-            line[name + ".online"] = flat(span, name, semconv.EVAL_FIELD_SCORE)
-            line[name + ".offline"] = offline[name]
-        with open(path, "a") as out:
-            out.write(json.dumps(line) + "\n")
-    for name, score in offline.items():
-        assert_scored(span, name, score)
+    assert_answer_metrics_scored(span, question, got.answer, got.texts)
 
 
 def assert_conversation_scored(

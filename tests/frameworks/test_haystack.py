@@ -22,7 +22,7 @@ from tests.fakes.openai_server import RecordedRequest, Reply
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 from tests.frameworks._matrix import (
     CASE_METRICS,
-    GENERATION_METRICS,
+    ANSWER_METRICS,
     KB,
     QUESTIONS,
     TOP_2,
@@ -202,7 +202,7 @@ def test_openinference_answer_builder(sink: OtlpSink, tmp_path: Path, openinfere
         return Reply.text(answer_for(request.last_user_text) + SLIP)
 
     server = JudgeServer(reply).start()
-    metrics: dict[str, dict[str, Any]] = {n: {} for n in (*CASE_METRICS, *GENERATION_METRICS)}
+    metrics: dict[str, dict[str, Any]] = {n: {} for n in (*CASE_METRICS, *ANSWER_METRICS)}
     try:
         with matrix_collector(sink, tmp_path, metrics) as serve:
             tp = provider(serve, "haystack-answers")

@@ -32,7 +32,7 @@ from tests.e2e.test_instrumentors import openinference_langchain
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 from tests.frameworks._matrix import (
     CASE_METRICS,
-    GENERATION_METRICS,
+    ANSWER_METRICS,
     KB,
     QUESTIONS,
     TURN_METRICS,
@@ -134,7 +134,7 @@ def _ask(agent: Any, calls: list[list[Any]], question: str, thread: str) -> Retr
     return Retrieved([d.id for d in docs], [d.page_content for d in docs], answer)
 
 
-_METRICS = {name: {} for name in (*CASE_METRICS, *GENERATION_METRICS)}
+_METRICS = {name: {} for name in (*CASE_METRICS, *ANSWER_METRICS)}
 
 
 @pytest.mark.slow
@@ -163,7 +163,7 @@ def test_openinference_thread(sink: OtlpSink, tmp_path: Path, openinference_lang
     "answer" was turn 1's question)."""
     thread = f"thread-{uuid.uuid4().hex[:8]}"
     metrics: dict[str, dict[str, Any]] = {
-        name: {} for name in (*TURN_METRICS, *GENERATION_METRICS, "id_context_recall")
+        name: {} for name in (*TURN_METRICS, *ANSWER_METRICS, "id_context_recall")
     }
     turns: list[tuple[str, Retrieved]] = []
     with matrix_collector(sink, tmp_path, metrics) as serve:

@@ -38,6 +38,7 @@ __all__ = [
     "json_value",
     "role_from",
     "text_attribute",
+    "unquote",
 ]
 
 Attrs = Mapping[str, Any]
@@ -157,6 +158,20 @@ def json_value(value: Any) -> Any:
                 return json.loads(text)
             except (ValueError, RecursionError):
                 return value
+    return value
+
+
+def unquote(value: Any) -> Any:
+    """``value`` unquoted when it is a string holding a JSON string literal (``"Paris"``,
+    quotes included: how MLflow writes every text attribute); otherwise unchanged.
+    Never raises."""
+    if isinstance(value, str) and len(value) >= 2 and value[0] == '"' and value[-1] == '"':
+        try:
+            held = json.loads(value)
+        except (ValueError, RecursionError):
+            return value
+        if isinstance(held, str):
+            return held
     return value
 
 

@@ -1,9 +1,10 @@
 """Evaluation cases from the spans of one trace, whatever instrumented them.
 
 The convention modules (:mod:`ragtrace_collector.conventions`: ragtrace, OpenInference,
-OTel GenAI, OpenLLMetry) say what each span is (:class:`~.conventions.Role`) and read
-its documents, question, answer and session; this module picks the case spans and
-builds one :class:`BuiltCase` per case span.  The rest of the collector sees only cases.
+OTel GenAI, OpenLLMetry, MLflow, Langfuse) say what each span is
+(:class:`~.conventions.Role`) and read its documents, question, answer and session;
+this module picks the case spans and builds one :class:`BuiltCase` per case span.
+The rest of the collector sees only cases.
 
 **Which span is a case.**
 
@@ -124,8 +125,9 @@ class CasesConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    #: Conventions read, of ``ragtrace``, ``openinference``, ``genai``, ``openllmetry``
-    #: (default all; a span claimed by several is read by the first in this order).
+    #: Conventions read, of ``ragtrace``, ``openinference``, ``genai``, ``openllmetry``,
+    #: ``mlflow``, ``langfuse`` (default all; a span claimed by several is read by the
+    #: first in this order).
     conventions: list[str] = Field(default_factory=lambda: [c.name for c in CONVENTIONS])
     #: Matchers choosing the case spans instead of the default rule (the outermost
     #: CHAIN/AGENT/workflow span with a retriever below it); ``@rag`` spans stay cases.
