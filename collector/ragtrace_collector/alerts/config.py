@@ -202,7 +202,23 @@ class _Rule(BaseModel):
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     #: Test H1 "the true drop exceeds ``drop``" (true, the default) rather than only
     #: "the window is below the baseline" (false: faster, but noise fires more often).
+    #: Used by ``test: window`` only.
     test_margin: bool = True
+    test: Literal["sequential", "window"] = Field(
+        "sequential",
+        description="`sequential` (the default): evidence that the mean runs `drop` below "
+        "the reference builds up step by step (a CUSUM of likelihood ratios) and the rule "
+        "fires when it reaches the level `false_alarm_interval` sets; `window`: the one-sided "
+        "test of the window at `confidence`, re-run at every evaluation (pages more often "
+        "on unchanged traffic, see docs/alerting.md).",
+    )
+    false_alarm_interval: Duration = Field(
+        default=30 * 86400.0,
+        gt=0,
+        description="`test: sequential`: on unchanged traffic, at most one false page per this "
+        "long for the rule in a service, whatever the number of segment values compared "
+        "(longer: fewer false pages, slower pages).",
+    )
     #: Extra labels for notifications (``severity`` defaults to ``warning``).
     labels: dict[str, str] = Field(default_factory=dict)
 
@@ -382,9 +398,16 @@ class _Retrying(BaseModel):
 
 
 class WebhookConfig(_Retrying):
-    """A generic webhook: one JSON POST per firing and per resolved alert."""
+    """A generic webhook: one JSON POST per firing and per resolved alert, and the
+    current figures of a firing alert every ``repeat_interval``."""
 
     enabled: bool = Field(True, description="false: keep the settings, send nothing.")
+    repeat_interval: Duration | None = Field(
+        default=900.0,
+        gt=0,
+        description="While an alert fires, post its current figures this often (`repeat: "
+        "true`); null: transitions only.",
+    )
 
 
 class AlertmanagerConfig(_Retrying):
