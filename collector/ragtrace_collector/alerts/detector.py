@@ -464,7 +464,7 @@ class DropDetector:
                 cidx = math.floor(idx * runtime.fine_width / runtime.coarse_width)
                 series.coarse.setdefault(cidx, Summary()).merge(bucket.summary)
         series.fold_below = max(series.fold_below, start)
-        if trailing is not None:
+        if trailing is not None and learn:  # frozen while pending or firing
             horizon = start * runtime.fine_width - trailing.window
             for cidx in [c for c in series.coarse if (c + 1) * runtime.coarse_width <= horizon]:
                 del series.coarse[cidx]
