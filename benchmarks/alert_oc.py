@@ -180,9 +180,10 @@ async def _drive(
     aa_seconds: float,
     drop: float,
     cap: float,
-) -> tuple[int, float | None]:
+) -> tuple[int, float | None, float | None]:
     """A/A (``drop`` 0): the pages in ``aa_seconds`` after the warm-up.  A/B: the
-    seconds from the start of the drop to the first page (None: not within ``cap``)."""
+    seconds from the start of the drop to the first page (None: not within ``cap``),
+    and, the drop being fixed at that page, from the fix to the alert's resolution."""
     clock = _Clock()
     det = _detector(scenario, method, clock)
     window = float(det.config.rules[0].window)
@@ -195,9 +196,10 @@ async def _drive(
     warm_end = T0 + scenario.warmup
     end = warm_end + (aa_seconds if drop == 0 else cap)
     pages = 0
+    paged: float | None = None
     t = T0
     while t < end:
-        dropping = drop > 0 and t >= warm_end
+        dropping = drop > 0 and t >= warm_end and paged is None
         for side in scenario.sides:
             carry[side] += rate * STEP
             k = int(carry[side])
@@ -214,11 +216,15 @@ async def _drive(
         if t <= warm_end:
             continue
         fired = [e for e in events if e.status == "firing"]
+        mine = [e for e in events if scenario.candidate in e.segments.values() or not e.segments]
         if drop == 0:
             pages += len(fired)
-        elif any(scenario.candidate in e.segments.values() or not e.segments for e in fired):
-            return 1, t - warm_end
-    return pages, None
+        elif paged is None and any(e.status == "firing" for e in mine):
+            paged = t
+            end = t + cap
+        elif paged is not None and any(e.status == "resolved" for e in mine):
+            return 1, paged - warm_end, t - paged
+    return pages, None if paged is None else paged - warm_end, None
 
 
 def _quantile(values: list[float | None], q: float) -> float | None:
@@ -253,11 +259,14 @@ def main() -> None:
         f" every {STEP:g}s"
     )
     head = f"{'configuration':62} {'scores':9} {'method':17} {'pages/day':>9}"
-    print(head + "  time to page, min: median / p95 per drop")
+    print(
+        head + "  time to page, min: median / p95 per drop  | minutes from the fix to"
+        " resolved (median, largest drop)"
+    )
     for scenario in scenarios:
         for noise in scenario.noises:
             for method_name, method in methods.items():
-                pages, _ = asyncio.run(
+                pages, _, _ = asyncio.run(
                     _drive(
                         scenario,
                         method,
@@ -270,8 +279,9 @@ def main() -> None:
                     )
                 )
                 cells = []
+                fixed: list[float | None] = []
                 for drop in scenario.drops:
-                    times = [
+                    runs = [
                         asyncio.run(
                             _drive(
                                 scenario,
@@ -283,16 +293,20 @@ def main() -> None:
                                 drop=drop,
                                 cap=args.cap * 3600,
                             )
-                        )[1]
+                        )
                         for seed in range(trials)
                     ]
+                    times = [r[1] for r in runs]
+                    fixed = [r[2] for r in runs if r[1] is not None]
                     med, p95 = _quantile(times, 0.5), _quantile(times, 0.95)
                     cells.append(f"{drop:g}: {_minutes(med)} / {_minutes(p95)}")
                 rate = pages / days
                 shown = f"{rate:.2f}" if pages else f"0 (<{3 / days:.2f})"
+                resolve = _minutes(_quantile(fixed, 0.5)) if fixed else "-"
                 print(
                     f"{scenario.name:62} {noise:9} {method_name:17} {shown:>9}  "
-                    + "; ".join(cells),
+                    + "; ".join(cells)
+                    + f"  | fix->resolved {resolve}",
                     flush=True,
                 )
     print(f"({time.monotonic() - started:.0f} s; '0 (<x)': no page, x = 95% upper bound)")

@@ -33,20 +33,33 @@ coarse bucket (about 1% of it).
 A rule for a service fires when, at an evaluation:
 
 1. the window holds at least ``min_samples`` scores (and a trailing baseline at least
-   its minimum);
-2. the window's mean is below the baseline by at least ``drop``; and
-3. a one-sided test says the drop is real at ``confidence``: Welch's t-test against a
-   trailing baseline, a one-sample t-test against a fixed one.  By default
-   (``test_margin``) the null hypothesis is "the true drop is at most ``drop``", so the
-   test asks whether the drop *of at least ``drop``* is real.  The detector re-tests
-   every evaluation, and under that repetition a test against "no drop" alone lets
-   ordinary noise through now and then (0/1-valued scores are the worst case); the
-   margin keeps noise at the baseline level from paging while a real drop of about
-   twice ``drop`` fires within a window or two;
+   its minimum; a canary rule: each side);
+2. the window's mean is below the reference (the baseline, or the canary's other side)
+   by at least ``drop``; and
+3. with ``test: sequential`` (the default), the series' *evidence* has reached its
+   level.  The evidence is a CUSUM: every quarter of a window (a *step*), the step's
+   scores add the log likelihood ratio of "the mean is ``drop`` below the reference"
+   against "it is not" (Gaussian, with the window's variance), and the sum is never
+   let below zero.  Lorden's bound makes the mean time between false alarms of such a
+   sum at least ``e**level`` steps, so ``level = ln(false_alarm_interval / step) +
+   ln(series compared in the service)`` keeps the rule, in one service, to one false
+   page per ``false_alarm_interval`` on unchanged traffic, however often it is
+   evaluated and however many segment values it compares.  With ``test: window``, the
+   one-sided test of the window (Welch's t against a trailing baseline, one-sample t
+   against a fixed one; with ``test_margin`` the null hypothesis is "the drop is at
+   most ``drop``") at ``confidence``, re-run at every evaluation (which is what makes
+   it page on noise now and then);
 
-and that has held at every evaluation for ``for``.  It resolves when the observed drop
-shrinks below ``drop - hysteresis``.  With too few samples the state does not move:
-pending resets, firing stays firing (absence of evidence is not a recovery).
+and that has held at every evaluation for ``for``.
+
+A firing series resolves when its window (or the canary's other side) has fewer than
+``min_samples`` results (the cause went away: a rollback, an evicted segment value, a
+quiet service; the event says so: ``no results in the last 900s``), or when the
+evidence says the drop is gone: ``test: sequential``, the same CUSUM the other way
+round reaches ``ln 100``; ``test: window``, the observed drop is below ``drop -
+hysteresis``.  While a series is pending or firing, its trailing baseline is frozen:
+the scores leaving the window are not taken in and its oldest buckets are kept, so the
+baseline never learns the incident.
 
 **Restarts.** All state is in memory.  After a restart the detector knows nothing: it
 stays silent until the window and the baseline have their minimum samples again
@@ -65,10 +78,14 @@ keep them apart).  The Prometheus rules shipped in ``docker/`` aggregate
 **Notifier outages.** Each notifier retries a post itself (``max_attempts``).  When
 every attempt failed, the failure is counted
 (``ragtrace_alert_notifications{outcome="error"}``), the notifier's status goes to
-``recoverable_error``, and a transition-only notifier (webhook) gets the event again,
-in order, at the next evaluations (at most ``_MAX_UNSENT`` kept per notifier);
-Alertmanager gets the firing alert at its next resend anyway.  Nothing else waits on a
-notifier: scoring, export and the other notifiers go on.
+``recoverable_error``, and a transition (firing or resolved) gets sent again, in
+order, at the next evaluations (at most ``_MAX_UNSENT`` kept per notifier); a failed
+repeat waits for the next one.  Nothing else waits on a notifier: scoring, export and
+the other notifiers go on.
+
+**Notifiers.** Every notifier gets each transition; a notifier with a
+``resend_interval`` (Alertmanager, the webhook's ``repeat_interval``) also gets the
+firing alert with its current figures at that period.
 
 Thread safety: ``observe`` and ``evaluate`` share a lock, so ``observe`` may be called
 from any thread; notifications are sent from the event loop running ``evaluate``.
