@@ -388,3 +388,19 @@ def test_overflow_and_evictions_are_counted_and_logged_once_per_value() -> None:
         ("segment_value_evicted", "v1"),
         ("segment_value_overflow", "v1"),
     ]
+
+
+def test_a_long_tail_of_values_does_not_flood_the_log() -> None:
+    from structlog.testing import capture_logs
+
+    clock = _FakeClock()
+    telemetry = Telemetry()
+    segments = Segments([SegmentKey(key="user", max_values=2)], telemetry=telemetry, clock=clock)
+    with capture_logs() as logs:
+        for i in range(1000):
+            clock.t += 0.01  # 10 s in all
+            segments.labels(segments.read({"user": f"u{i}"}, None))
+    lines = [e for e in logs if e["event"] == "segment_value_overflow"]
+    assert len(lines) == 10
+    get = telemetry.registry.get_sample_value
+    assert get("ragtrace_segment_overflow_total", {"key": "user"}) == 998

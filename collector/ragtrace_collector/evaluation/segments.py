@@ -22,7 +22,8 @@ again (its series, forgotten through ``on_evict``, never come back).  Each case
 counted as ``other`` and each eviction is reported to ``telemetry``
 (``ragtrace_segment_overflow_total``, ``ragtrace_segment_evictions_total``) and logged
 once per value (``segment_value_overflow``, ``segment_value_evicted``; the last
-``_LOGGED_PER_KEY`` values of a key are remembered).  Memory per key: ``max_values``
+``_LOGGED_PER_KEY`` values of a key are remembered, and a key logs at most
+``_LOGS_PER_MINUTE`` lines a minute).  Memory per key: ``max_values``
 kept plus at most ``max_values`` counted candidates, and the remembered values.
 """
 
@@ -56,6 +57,9 @@ _IDLE_SECONDS = 10.0
 _HALF_LIFE_SECONDS = 60.0
 #: Values whose overflow or eviction was logged, remembered per key.
 _LOGGED_PER_KEY = 1000
+#: Log lines per key and minute at most (a key with a long tail of values, say a
+#: user id, must not log every case); the metrics count every one.
+_LOGS_PER_MINUTE = 10
 
 _log = get_logger("segments")
 
@@ -155,7 +159,10 @@ class Segments:
         self._count = 0
         self._clock = clock
         self._rebalanced_at = clock()
-        self._logged: list[OrderedDict[str, None]] = [OrderedDict() for _ in keys]
+        self._logged: list[OrderedDict[tuple[str, str], None]] = [OrderedDict() for _ in keys]
+        #: Per key: the minute of the last log lines, and their number in it.
+        self._log_minute = [0.0 for _ in keys]
+        self._log_lines = [0 for _ in keys]
         self._overflow = (
             [telemetry.segment_overflow.labels(key=k) for k in self.keys]
             if telemetry is not None
@@ -229,9 +236,10 @@ class Segments:
             UNSET if value is None else top.label(value, now)
             for top, value in zip(self._tops, values.values, strict=True)
         )
-        for i, (label, value) in enumerate(zip(out, values.values, strict=True)):
-            if label == OTHER and value is not None:
-                self._overflowed(i, value)
+        if OTHER in out:
+            for i, (label, value) in enumerate(zip(out, values.values, strict=True)):
+                if label == OTHER and value is not None:
+                    self._overflowed(i, value, now)
         return out
 
     def _rebalance(self, now: float, decay: float) -> None:
@@ -239,7 +247,7 @@ class Segments:
             for value in top.rebalance(now, decay):
                 if self._evictions is not None:
                     self._evictions[i].inc()
-                if self._first_log(i, ("evicted", value)):
+                if self._first_log(i, ("evicted", value), now):
                     _log.info(
                         "segment_value_evicted",
                         key=self.keys[i],
@@ -250,10 +258,10 @@ class Segments:
                 for listener in self._on_evict:
                     listener(i, value)
 
-    def _overflowed(self, i: int, value: str) -> None:
+    def _overflowed(self, i: int, value: str, now: float) -> None:
         if self._overflow is not None:
             self._overflow[i].inc()
-        if self._first_log(i, ("other", value)):
+        if self._first_log(i, ("other", value), now):
             _log.info(
                 "segment_value_overflow",
                 key=self.keys[i],
@@ -262,14 +270,19 @@ class Segments:
                 detail="counted as `other` until it is more frequent than a kept value",
             )
 
-    def _first_log(self, i: int, item: tuple[str, str]) -> bool:
-        """Whether ``item`` is new to key ``i``'s remembered values (then remembered)."""
+    def _first_log(self, i: int, item: tuple[str, str], now: float) -> bool:
+        """Whether to log ``item`` for key ``i``: not logged yet (then remembered), and
+        the key's lines this minute within ``_LOGS_PER_MINUTE``."""
         seen = self._logged[i]
-        key = f"{item[0]}:{item[1]}"
-        if key in seen:
-            seen.move_to_end(key)
+        if item in seen:
+            seen.move_to_end(item)
             return False
-        seen[key] = None
+        if now - self._log_minute[i] >= 60.0:
+            self._log_minute[i], self._log_lines[i] = now, 0
+        if self._log_lines[i] >= _LOGS_PER_MINUTE:
+            return False  # not remembered: logged once the rate allows
+        self._log_lines[i] += 1
+        seen[item] = None
         if len(seen) > _LOGGED_PER_KEY:
             seen.popitem(last=False)
         return True
