@@ -21,7 +21,9 @@ Each configuration runs with today's test (``test: window``: the rule's one-side
 Welch test at every evaluation) and with the sequential test (``test: sequential``,
 the default), in the same run.
 
-Run: ``.venv/bin/python benchmarks/alert_oc.py [--quick] [--days 30] [--trials 40]``
+Run: ``.venv/bin/python benchmarks/alert_oc.py [--quick] [--days 7] [--trials 10]
+[--only TEXT] [--method TEXT]`` (a few minutes; ``--quick`` about one; the table in
+docs/alerting.md took 22 minutes with ``--days 40 --trials 20``).
 """
 
 from __future__ import annotations
@@ -248,8 +250,8 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="scenarios whose name has this text")
     parser.add_argument("--method", default=None, help="methods whose name has this text")
     args = parser.parse_args()
-    days = args.days if args.days is not None else (3.0 if args.quick else 30.0)
-    trials = args.trials if args.trials is not None else (6 if args.quick else 20)
+    days = args.days if args.days is not None else (2.0 if args.quick else 7.0)
+    trials = args.trials if args.trials is not None else (5 if args.quick else 10)
     scenarios = [s for s in SCENARIOS if args.only is None or args.only in s.name]
     methods = {k: v for k, v in METHODS.items() if args.method is None or args.method in k}
     started = time.monotonic()
