@@ -53,8 +53,9 @@ METRIC = "id_context_recall"
 SCORE_ATTR = semconv.eval_attr(METRIC, semconv.EVAL_FIELD_SCORE)
 
 #: The collector's drop rule, shared by the firing test and the noise test: a 6s window
-#: against the 30s before it, a drop of 0.2 that the one-sided Welch test must find real
-#: (``test_margin``), at least 20 scores on each side, held for 1s.
+#: against the 30s before it, a drop of 0.2 that the sequential test (the default) must
+#: gather evidence for, at least 20 scores on each side, held for 1s.  ``hysteresis``
+#: and ``confidence`` apply to ``test: window`` only.
 DETECTOR_RULE: dict[str, Any] = {
     "name": "id-recall-drop",
     "metric": METRIC,

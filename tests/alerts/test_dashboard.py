@@ -123,12 +123,15 @@ def test_the_dashboard_filters_and_splits_by_the_segment_labels() -> None:
     assert split["type"] == "custom"
     assert split["query"].split(",") == SEGMENT_LABELS
     assert split["current"]["value"] in SEGMENT_LABELS
-    # every score and result selector of every panel honours every segment filter
+    # every score and result selector of every panel honours every segment filter,
+    # except the whole-service totals the "against the rest" panel compares with
+    rest = 'service=~"$service", metric=~"$metric"'
     selectors = [m for e in queries(dash) for m in _SCORE_SELECTOR.findall(e)]
     assert len(selectors) >= 10
+    assert sum(sel == rest for sel in selectors) == 4
     for sel in selectors:
         for label in SEGMENT_LABELS:
-            assert f'{label}=~"${label}"' in sel, sel
+            assert sel == rest or f'{label}=~"${label}"' in sel, sel
     by_title = {p["title"]: p for p in all_panels(dash)}
     panel = by_title["$metric by $split"]
     assert panel["repeat"] == "metric"
@@ -289,3 +292,61 @@ def test_every_dashboard_query_sums_over_replicas() -> None:
         "sum(b)",
         "rate(c[5m])",
     ]
+
+
+@pytest.mark.services  # promtool
+def test_each_split_against_the_rest_compares_with_the_whole_service_whatever_the_filter(
+    tmp_path: Path,
+) -> None:
+    """The ratio panel with the Version filter set to v2 and split by version, run by
+    promtool on two versions (v1 at 0.8, v2 at 0.6): v2 is 0.75 of the rest.  Before
+    issue 28 the rest was computed after the filter (nothing but v2), and the panel
+    drew nothing (NaN)."""
+    (panel,) = [
+        p
+        for p in all_panels(load_dashboard())
+        if p["title"].endswith("each $split against the rest")
+    ]
+    expr = panel["targets"][0]["expr"].replace("$__rate_interval", "5m")
+    expr = re.sub(r"\$\{split\}|\$split\b", "service_version", expr)
+    expr = expr.replace('service_version=~"$service_version"', 'service_version=~"v2"')
+    expr = "round(" + re.sub(r"\$\w+", ".*", expr) + ", 0.0001)"
+    labels = 'service="shop", metric="contextual_recall", deployment_environment="prod"'
+
+    def series(version: str, name: str, per_minute: int) -> dict[str, str]:
+        return {
+            "series": f'{name}{{{labels}, service_version="{version}", app_index_version="i1"}}',
+            "values": f"0+{per_minute}x30",
+        }
+
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    series("v1", "ragtrace_eval_score_sum", 48),
+                    series("v1", "ragtrace_eval_score_count", 60),
+                    series("v2", "ragtrace_eval_score_sum", 36),
+                    series("v2", "ragtrace_eval_score_count", 60),
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "20m",
+                        "exp_samples": [
+                            {"labels": '{service="shop", service_version="v2"}', "value": 0.75}
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "ratio.test.yml"
+    path.write_text(yaml.safe_dump(test), encoding="utf-8")
+    assert PROMTOOL is not None, "promtool is not installed (scripts/setup-services.sh)"
+    result = subprocess.run(
+        [PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -13,9 +13,11 @@ Example::
           drop: 0.1                # absolute; "10%" is relative to the baseline
           min_samples: 30          # scored results needed in the window (and baseline)
           for: 5m                  # how long the drop must hold before firing
-          hysteresis: 0.05         # resolve once the drop is below drop - hysteresis
-          confidence: 0.95         # one-sided test (Welch's t, or one-sample t)
-          test_margin: true        # the test asks "is the drop >= drop real?"
+          test: sequential         # evidence builds up; or "window" (one test per evaluation)
+          false_alarm_interval: 30d  # sequential: at most one false page per 30 days
+          hysteresis: 0.05         # window: resolve once the drop is below drop - hysteresis
+          confidence: 0.95         # window: one-sided test (Welch's t, or one-sample t)
+          test_margin: true        # window: the test asks "is the drop >= drop real?"
       webhook:
         url: https://hooks.example.com/ragtrace
       alertmanager:
@@ -195,14 +197,33 @@ class _Rule(BaseModel):
         ge=0,
         description="How long the drop must hold before the alert fires.",
     )
-    #: In the units of ``drop`` (score points, or a fraction of the baseline for a
-    #: relative drop).  Default: half the drop.
+    #: ``test: window``: in the units of ``drop`` (score points, or a fraction of the
+    #: baseline for a relative drop); default half the drop.  The sequential test
+    #: resolves on its own evidence instead.
     hysteresis: float | None = None
-    #: Confidence of the one-sided test; the p-value must be <= 1 - confidence.
+    #: ``test: window``: confidence of the one-sided test (the p-value must be <= 1 -
+    #: confidence).  With ``test: sequential`` a notification's p-value is that of the
+    #: window's one-sided test against no drop, for information.
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     #: Test H1 "the true drop exceeds ``drop``" (true, the default) rather than only
     #: "the window is below the baseline" (false: faster, but noise fires more often).
+    #: Used by ``test: window`` only.
     test_margin: bool = True
+    test: Literal["sequential", "window"] = Field(
+        "sequential",
+        description="`sequential` (the default): evidence that the mean runs `drop` below "
+        "the reference builds up step by step (a CUSUM of likelihood ratios) and the rule "
+        "fires when it reaches the level `false_alarm_interval` sets; `window`: the one-sided "
+        "test of the window at `confidence`, re-run at every evaluation (pages more often "
+        "on unchanged traffic, see docs/alerting.md).",
+    )
+    false_alarm_interval: Duration = Field(
+        default=30 * 86400.0,
+        gt=0,
+        description="`test: sequential`: on unchanged traffic, at most one false page per this "
+        "long for the rule in a service, whatever the number of segment values compared "
+        "(longer: fewer false pages, slower pages).",
+    )
     #: Extra labels for notifications (``severity`` defaults to ``warning``).
     labels: dict[str, str] = Field(default_factory=dict)
 
@@ -224,6 +245,15 @@ class _Rule(BaseModel):
                     f"rule {self.name!r}: hysteresis ({self.hysteresis}) cannot exceed the drop"
                     f" ({self.drop.value}); it is in the same units"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _check_sequential(self) -> _Rule:
+        if self.test == "sequential" and self.drop.value == 0:
+            raise ValueError(
+                f"rule {self.name!r}: `test: sequential` looks for a drop of `drop`, which"
+                " cannot be 0 (use `test: window` to test against no drop at all)"
+            )
         return self
 
     @property
@@ -382,9 +412,16 @@ class _Retrying(BaseModel):
 
 
 class WebhookConfig(_Retrying):
-    """A generic webhook: one JSON POST per firing and per resolved alert."""
+    """A generic webhook: one JSON POST per firing and per resolved alert, and the
+    current figures of a firing alert every ``repeat_interval``."""
 
     enabled: bool = Field(True, description="false: keep the settings, send nothing.")
+    repeat_interval: Duration | None = Field(
+        default=900.0,
+        gt=0,
+        description="While an alert fires, post its current figures this often (`repeat: "
+        "true`); null: transitions only.",
+    )
 
 
 class AlertmanagerConfig(_Retrying):

@@ -168,6 +168,22 @@ class Telemetry:
             registry=r,
         )
 
+        # ------------------------------------------------------------ segments
+        self.segment_overflow = Counter(
+            "ragtrace_segment_overflow",
+            "Cases whose segment value was counted as `other` (beyond the key's max_values), "
+            "by segment key.",
+            ["key"],
+            registry=r,
+        )
+        self.segment_evictions = Counter(
+            "ragtrace_segment_evictions",
+            "Segment values that lost their label to a more frequent one (their series left "
+            "/metrics), by segment key.",
+            ["key"],
+            registry=r,
+        )
+
         # -------------------------------------------------------------- alerts
         self.alert_firing = Gauge(
             "ragtrace_alert_firing",

@@ -93,7 +93,7 @@ def build_stage(
         raise ValueError(f"judge: {exc}") from exc
     window = max((m.options.window_size for m in metrics if m.kind == "conversation"), default=10)
     session_store: SessionStore = create_session_store(config.session_store, window_size=window)
-    segments = Segments(config.segments)
+    segments = Segments(config.segments, telemetry=telemetry)
     if segments:
         telemetry.results.set_segment_labels(segments.labels_names)
         segments.add_evict_listener(telemetry.results.forget)
