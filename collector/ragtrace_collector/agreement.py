@@ -79,20 +79,6 @@ class Agreement:
     threshold: float | None
     confidence: float
 
-    def as_dict(self) -> dict[str, float | int | None]:
-        """A JSON-ready mapping (``eval --json``, the admin endpoint)."""
-        return {
-            "pairs": self.pairs,
-            "negatives": self.negatives,
-            "positives": self.positives,
-            "auroc": self.auroc,
-            "auroc_low": self.auroc_low,
-            "auroc_high": self.auroc_high,
-            "kappa": self.kappa,
-            "threshold": self.threshold,
-            "confidence": self.confidence,
-        }
-
 
 def feedback_value(raw: object) -> float | None:
     """A feedback cell (JSON, CSV, a DataFrame) as a number in [0, 1], or None if bad.
