@@ -348,8 +348,8 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
                     concurrency,
                     lines=loaded.lines,
                     on_item=advance,
-                    feedback=loaded.feedback if feedback_column is not None else None,
-                    feedback_column=feedback_column or "feedback",
+                    feedback=loaded.feedback if loaded.feedback_column is not None else None,
+                    feedback_column=loaded.feedback_column or "feedback",
                 )
             )
         report.row_errors = list(loaded.errors)

@@ -196,9 +196,15 @@ class LoadResult:
     #: Each distinct warning and the lines (or rows) it was given for.
     warning_lines: dict[str, list[int]] = field(default_factory=dict)
     unit: str = "line"
+    #: A column of human labels (:func:`check_feedback_column`), not a case field.
+    feedback_column: str | None = None
     #: With a ``feedback_column``: each item's raw cell in that column (None when the
-    #: row has none), aligned with ``items``; the column is not a field of the case.
+    #: row has none), aligned with ``items``.
     feedback: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.feedback_column is not None:
+            check_feedback_column(self.feedback_column)
 
     def grouped_warnings(self, shown: int = 5) -> list[str]:
         """One line per distinct warning: ``"unknown field 'x' ignored (lines 1, 2, 3)"``."""
@@ -285,9 +291,9 @@ def load_rows(
 ) -> LoadResult:
     """Rows already parsed (a ``datasets.Dataset``, ``DataFrame.to_dict("records")``,
     Parquet rows), numbered from 1 as "row N", with the field names of files."""
-    result = LoadResult(unit="row")
+    result = LoadResult(unit="row", feedback_column=feedback_column)
     for number, row in enumerate(rows, start=1):
-        _add_row(result, number, row, max_row_size, feedback_column)
+        _add_row(result, number, row, max_row_size)
     return result
 
 
@@ -313,7 +319,7 @@ def parse_csv(
     feedback_column: str | None = None,
 ) -> LoadResult:
     """CSV with a header row of field names; list fields hold JSON in their cell."""
-    result = LoadResult()
+    result = LoadResult(feedback_column=feedback_column)
     # A long context is a long cell: csv's default cap (131,072 characters) would stop
     # the whole file; the row size guard below is the limit that applies.
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
@@ -335,7 +341,7 @@ def parse_csv(
                 case_id, given = _identity(record)
                 result.errors.append(RowError(line, exc.field, exc.message, "line", case_id, given))
                 continue
-            _add_row(result, line, row, max_row_size, feedback_column)
+            _add_row(result, line, row, max_row_size)
     except csv.Error as exc:
         result.errors.append(
             RowError(reader.line_num, None, f"invalid CSV, reading stopped: {exc}")
@@ -400,10 +406,10 @@ def parse_text(
     feedback_column: str | None = None,
 ) -> LoadResult:
     """Parse dataset text (``style`` is ``"jsonl"`` or ``"json"``)."""
-    result = LoadResult()
+    result = LoadResult(feedback_column=feedback_column)
     rows = _jsonl_rows(text, result) if style == "jsonl" else _json_rows(text, source)
     for line, row in rows:
-        _add_row(result, line, row, max_row_size, feedback_column)
+        _add_row(result, line, row, max_row_size)
     return result
 
 
@@ -486,14 +492,9 @@ def _cases_array(
 
 
 # ---------------------------------------------------------------- row level
-def _add_row(
-    result: LoadResult,
-    line: int,
-    row: Any,
-    max_row_size: int | None,
-    feedback_column: str | None = None,
-) -> None:
+def _add_row(result: LoadResult, line: int, row: Any, max_row_size: int | None) -> None:
     unit = result.unit
+    feedback_column = result.feedback_column
     label: Any = None
     if feedback_column is not None and isinstance(row, Mapping) and feedback_column in row:
         label = row[feedback_column]

@@ -42,7 +42,6 @@ from ragtrace_collector.offline.loaders import (
     DEFAULT_MAX_ROW_SIZE,
     LoadResult,
     RowError,
-    check_feedback_column,
     load_dataset,
     load_rows,
 )
@@ -689,21 +688,11 @@ def evaluate_file(
     (bool or number per row); ``report.feedback`` then says how well each metric
     agrees with them.
     """
-    if feedback_column is not None:
-        check_feedback_column(feedback_column)
     loaded = load_dataset(
         path, format=format, max_row_size=max_row_size, feedback_column=feedback_column
     )
     return _evaluate_loaded(
-        loaded,
-        metrics,
-        model,
-        concurrency,
-        threshold,
-        options,
-        judge,
-        only_applicable,
-        feedback_column,
+        loaded, metrics, model, concurrency, threshold, options, judge, only_applicable
     )
 
 
@@ -723,19 +712,9 @@ def evaluate_rows(
     """:func:`evaluate_file` for rows already in memory: a Hugging Face
     ``datasets.Dataset`` (its rows are mappings), ``DataFrame.to_dict("records")`` or a
     list of dicts, with the field names of the files.  Rows are numbered from 1."""
-    if feedback_column is not None:
-        check_feedback_column(feedback_column)
     loaded = load_rows(rows, max_row_size=max_row_size, feedback_column=feedback_column)
     return _evaluate_loaded(
-        loaded,
-        metrics,
-        model,
-        concurrency,
-        threshold,
-        options,
-        judge,
-        only_applicable,
-        feedback_column,
+        loaded, metrics, model, concurrency, threshold, options, judge, only_applicable
     )
 
 
@@ -748,7 +727,6 @@ def _evaluate_loaded(
     options: Mapping[str, MetricOptions | Mapping[str, Any]] | None,
     judge: Judge | None,
     only_applicable: bool | None,
-    feedback_column: str | None = None,
 ) -> EvalReport:
     if isinstance(metrics, str):
         metrics = parse_metric_names(metrics)
@@ -768,8 +746,8 @@ def _evaluate_loaded(
             judge,
             concurrency,
             lines=loaded.lines,
-            feedback=loaded.feedback if feedback_column is not None else None,
-            feedback_column=feedback_column or "feedback",
+            feedback=loaded.feedback if loaded.feedback_column is not None else None,
+            feedback_column=loaded.feedback_column or "feedback",
         )
     )
     report.row_errors = list(loaded.errors)
