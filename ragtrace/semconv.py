@@ -195,8 +195,8 @@ EVAL_FIELD_DOCUMENTS: Final = "documents"
 # ``gen_ai.evaluation.result`` event (name, score.value, score.label, explanation):
 FEEDBACK_SPAN_NAME: Final = "ragtrace.feedback"
 #: What the feedback is about, e.g. ``user_feedback`` (Phoenix ``name``, Langfuse
-#: ``name``, ``gen_ai.evaluation.name``).  A repeat of (request, name, user id) replaces
-#: the earlier one.
+#: ``name``, ``gen_ai.evaluation.name``).  In the collector (planned), a repeat of
+#: (request, name, user id) replaces the earlier one.
 FEEDBACK_NAME: Final = "ragtrace.feedback.name"
 #: A double in [0, 1]; a thumbs-up is 1.0, a thumbs-down 0.0 (Phoenix ``score``,
 #: Langfuse ``value``, ``gen_ai.evaluation.score.value``).
@@ -209,7 +209,7 @@ FEEDBACK_OUTCOME: Final = "ragtrace.feedback.outcome"
 #: Free text from the user (Phoenix ``explanation``, Langfuse ``comment``,
 #: ``gen_ai.evaluation.explanation``).
 FEEDBACK_COMMENT: Final = "ragtrace.feedback.comment"
-#: Who gave the feedback (Phoenix ``identifier``, the upsert key with the name).
+#: Who gave the feedback (Phoenix ``identifier``, the planned upsert key with the name).
 FEEDBACK_USER_ID: Final = "ragtrace.feedback.user_id"
 #: What the answer should have been, as the user wrote it (LangSmith ``correction``).
 FEEDBACK_CORRECTION: Final = "ragtrace.feedback.correction"
@@ -224,7 +224,6 @@ FEEDBACK_NEGATIVE: Final = "negative"
 FEEDBACK_NEGATIVE_BELOW: Final = 0.5
 #: Default ``ragtrace.feedback.name``.
 FEEDBACK_DEFAULT_NAME: Final = "user_feedback"
-
 
 # OpenInference inline evaluations: evaluations.N.evaluation.<field>
 EVALUATIONS: Final = "evaluations"
