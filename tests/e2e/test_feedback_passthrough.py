@@ -25,6 +25,7 @@ def ask(question: str) -> tuple[str, Any]:
     docs = _app.search(question)
     ragtrace.set_reference(reference_context_ids=["kb_reset", "kb_expiry"])  # id recall 1/2
     request = ragtrace.current_request()
+    assert request is not None
     assert ragtrace.feedback(request, 1.0, name="inline_check")  # during the request
     return docs[0]["content"], request
 
