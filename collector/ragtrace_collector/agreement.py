@@ -10,14 +10,16 @@ number in [0, 1] (a bool is 1.0 or 0.0); it is *negative* below 0.5
 * **AUROC** of the score against the feedback: the probability that a request with
   negative feedback scored lower than one with positive feedback, ties counting half.
   0.5 is chance, 1.0 a perfect separation, below 0.5 the metric is backwards.  Computed
-  from rank sums (Mann-Whitney U with midranks) in O(n log n).
+  as the Mann-Whitney U (a rank sum, ties as half) in O(n log n): one sort per class
+  and one walk over both.
 * **Its confidence interval**, by DeLong's method (DeLong, DeLong and Clarke-Pearson
-  1988), in the O(n log n) midrank form of Sun and Xu (2014), taken on the logit scale
-  so it stays inside (0, 1).  Why DeLong: it is nonparametric (Hanley-McNeil's formula
-  assumes exponential-shaped score distributions and ignores ties, which are common
-  with 0/1 metrics), it is exact arithmetic with no random state (a bootstrap needs a
-  seed and costs hundreds of recomputations per refresh, too much for a value the
-  collector refreshes continuously), and it is what pROC and most papers report.
+  1988), computed in the same walk (the O(n log n) approach of Sun and Xu, 2014),
+  taken on the logit scale so it stays inside (0, 1).  Why DeLong: it is nonparametric
+  (Hanley-McNeil's formula assumes exponential-shaped score distributions and ignores
+  ties, which are common with 0/1 metrics), it is exact integer arithmetic with no
+  random state (a bootstrap needs a seed and costs hundreds of recomputations per
+  refresh, too much for a value the collector refreshes continuously), and it is what
+  pROC and most papers report.
   DeLong's variance vanishes when the sample is perfectly separated (AUROC 0 or 1) or
   when either class has a single request; there the interval falls back to a bound
   that counts only the smaller class: for a perfect separation with k requests in the
@@ -112,54 +114,53 @@ def is_negative(feedback: float) -> bool:
     return semconv.feedback_outcome(feedback) == semconv.FEEDBACK_NEGATIVE
 
 
-def _midranks(values: Sequence[float]) -> list[float]:
-    """1-based ranks of ``values``, tied values sharing the mean of their ranks."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    start = 0
-    n = len(order)
-    while start < n:
-        end = start
-        value = values[order[start]]
-        while end + 1 < n and values[order[end + 1]] == value:
-            end += 1
-        mean = (start + end) / 2.0 + 1.0
-        for k in range(start, end + 1):
-            ranks[order[k]] = mean
-        start = end + 1
-    return ranks
-
-
 def auroc(negative_scores: Sequence[float], positive_scores: Sequence[float]) -> float | None:
-    """P(a negative scored lower than a positive), ties half; None if a class is empty."""
+    """P(a negative scored lower than a positive), ties half; None if a class is empty.
+
+    Scores must be finite (:func:`agreement` checks them).
+    """
     return _auroc_parts(negative_scores, positive_scores)[0]
 
 
 def _auroc_parts(
     negatives: Sequence[float], positives: Sequence[float]
 ) -> tuple[float | None, float]:
-    """(AUROC, DeLong variance); the variance is 0.0 when it cannot be estimated."""
+    """(AUROC, DeLong variance); the variance is 0.0 when it cannot be estimated.
+
+    One sort per class, then one walk over both in order, a group of tied scores at a
+    time.  DeLong's structural components are, for each positive, the share of
+    negatives below it (ties half) and, for each negative, the share of positives
+    above it.  They are kept doubled as integers (``2 * below + tied``), so the sums
+    of their squares, and the variances, are exact.
+    """
     m, n = len(positives), len(negatives)
     if m == 0 or n == 0:
         return None, 0.0
-    combined = [*positives, *negatives]
-    ranks = _midranks(combined)
-    within_pos = _midranks(positives)
-    within_neg = _midranks(negatives)
-    # Structural components: for each positive, the share of negatives below it (ties
-    # half); for each negative, the share of positives above it.
-    v10 = [(ranks[i] - within_pos[i]) / n for i in range(m)]
-    v01 = [1.0 - (ranks[m + j] - within_neg[j]) / m for j in range(n)]
-    area = math.fsum(ranks[:m]) - m * (m + 1) / 2.0
-    value = min(1.0, max(0.0, area / (m * n)))
+    pos, neg = sorted(positives), sorted(negatives)
+    i = j = 0
+    sum10 = squares10 = sum01 = squares01 = 0
+    while i < m or j < n:
+        value = pos[i] if j >= n or (i < m and pos[i] <= neg[j]) else neg[j]
+        start_i, start_j = i, j
+        while i < m and pos[i] == value:
+            i += 1
+        while j < n and neg[j] == value:
+            j += 1
+        tied_pos, tied_neg = i - start_i, j - start_j
+        if tied_pos:
+            k = 2 * start_j + tied_neg  # 2n times each tied positive's component
+            sum10 += tied_pos * k
+            squares10 += tied_pos * k * k
+        if tied_neg:
+            k = 2 * (m - i) + tied_pos  # 2m times each tied negative's component
+            sum01 += tied_neg * k
+            squares01 += tied_neg * k * k
+    area = sum10 / (2 * m * n)
     if m < 2 or n < 2:
-        return value, 0.0
-    return value, _sample_variance(v10) / m + _sample_variance(v01) / n
-
-
-def _sample_variance(values: Sequence[float]) -> float:
-    mean = math.fsum(values) / len(values)
-    return math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)
+        return area, 0.0
+    var10 = (m * squares10 - sum10 * sum10) / (m * (m - 1) * 4 * n * n)
+    var01 = (n * squares01 - sum01 * sum01) / (n * (n - 1) * 4 * m * m)
+    return area, var10 / m + var01 / n
 
 
 def _interval(
