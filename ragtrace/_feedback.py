@@ -145,7 +145,10 @@ def _value(value: object) -> tuple[float, str] | None:
     if isinstance(value, bool):
         return (1.0 if value else 0.0), semconv.FEEDBACK_TYPE_BOOLEAN
     if isinstance(value, numbers.Real):
-        number = float(value)
+        try:
+            number = float(value)
+        except (OverflowError, TypeError, ValueError):  # an int past float's range...
+            return None
         if math.isfinite(number) and 0.0 <= number <= 1.0:
             return number, semconv.FEEDBACK_TYPE_NUMERIC
     return None

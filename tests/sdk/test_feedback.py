@@ -7,6 +7,8 @@ import threading
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
 import ragtrace
@@ -216,6 +218,7 @@ _TRACE = "0af7651916cd43dd8448eb211c80319c"
         (_TRACE, 4, {}, "value"),  # a star rating: refused, not clamped to 1.0
         (_TRACE, float("nan"), {}, "value"),
         (_TRACE, float("inf"), {}, "value"),
+        (_TRACE, 10**400, {}, "value"),  # past float's range
         (_TRACE, "yes", {}, "value"),
         (_TRACE, None, {}, "value"),
         (_TRACE, True, {"name": ""}, "name"),
@@ -341,3 +344,85 @@ def test_feedback_over_otlp_http_reaches_the_backend_in_the_request_trace() -> N
     assert attrs[semconv.FEEDBACK_COMMENT] == "meh"
     assert attrs[semconv.FEEDBACK_USER_ID] == "u-1"
     assert attrs[semconv.RAGTRACE_SPAN_KIND] == semconv.KIND_FEEDBACK
+
+
+# ------------------------------------------------------------------- generated input
+
+_HEX32 = st.text("0123456789abcdefABCDEF", min_size=32, max_size=32)
+_HEX16 = st.text("0123456789abcdef", min_size=16, max_size=16)
+_anything = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=40),
+    st.binary(max_size=8),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+def _valid_target(target: Any) -> bool:
+    def ok(text: Any, digits: int) -> bool:
+        return (
+            isinstance(text, str)
+            and len(text) == digits
+            and all(c in "0123456789abcdefABCDEF" for c in text)
+            and int(text, 16) != 0
+        )
+
+    if isinstance(target, ragtrace.RequestHandle):
+        return ok(target.trace_id, 32) and ok(target.span_id, 16)
+    return ok(target, 32)
+
+
+def _valid_value(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    return isinstance(value, (int, float)) and 0 <= value <= 1  # False for NaN
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    target=st.one_of(
+        _HEX32,
+        st.builds(ragtrace.RequestHandle, _HEX32, st.one_of(_HEX16, st.text(max_size=20))),
+        _anything,
+    ),
+    value=st.one_of(st.booleans(), st.floats(), st.integers(-2, 3), st.just(10**400), _anything),
+    name=st.one_of(st.just("user_feedback"), st.text(max_size=200), _anything),
+    comment=st.one_of(
+        st.none(), st.text(max_size=50), st.text(min_size=4001, max_size=4100), _anything
+    ),
+    user_id=st.one_of(st.none(), st.text(max_size=300), _anything),
+)
+def test_feedback_never_raises_and_records_exactly_the_valid_input(
+    target: Any, value: Any, name: Any, comment: Any, user_id: Any
+) -> None:
+    rec = Recorder()
+    rec.configure()
+    recorded = ragtrace.feedback(target, value, name=name, comment=comment, user_id=user_id)
+    valid = (
+        _valid_target(target)
+        and _valid_value(value)
+        and isinstance(name, str)
+        and 0 < len(name) <= 128
+        and (user_id is None or (isinstance(user_id, str) and 0 < len(user_id) <= 256))
+    )
+    assert recorded is valid
+    spans = _feedback_spans(rec)
+    assert len(spans) == (1 if valid else 0)
+    if not valid:
+        return
+    attrs = _attrs(spans[0])
+    number = attrs[semconv.FEEDBACK_VALUE]
+    assert number == float(value)
+    assert attrs[semconv.FEEDBACK_OUTCOME] == (
+        semconv.FEEDBACK_NEGATIVE if number < 0.5 else semconv.FEEDBACK_POSITIVE
+    )
+    trace_id = target.trace_id if isinstance(target, ragtrace.RequestHandle) else target
+    assert f"{spans[0].context.trace_id:032x}" == trace_id.lower()
+    if isinstance(comment, str):
+        assert len(attrs[semconv.FEEDBACK_COMMENT]) <= MAX_TEXT_CHARS + 100
+    else:
+        assert semconv.FEEDBACK_COMMENT not in attrs
