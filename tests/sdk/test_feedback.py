@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
@@ -382,20 +382,41 @@ def _valid_value(value: Any) -> bool:
     return isinstance(value, (int, float)) and 0 <= value <= 1  # False for NaN
 
 
+# Mostly valid fields, so that one bad field at a time is common; the bounds also as
+# explicit examples, which always run.
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     target=st.one_of(
         _HEX32,
+        st.builds(ragtrace.RequestHandle, _HEX32, _HEX16),
         st.builds(ragtrace.RequestHandle, _HEX32, st.one_of(_HEX16, st.text(max_size=20))),
         _anything,
     ),
-    value=st.one_of(st.booleans(), st.floats(), st.integers(-2, 3), st.just(10**400), _anything),
-    name=st.one_of(st.just("user_feedback"), st.text(max_size=200), _anything),
+    value=st.one_of(
+        st.booleans(),
+        st.floats(0, 1),
+        st.floats(),
+        st.integers(-2, 3),
+        st.just(10**400),
+        _anything,
+    ),
+    name=st.one_of(
+        st.just("user_feedback"),
+        st.text(max_size=20),
+        st.text(min_size=125, max_size=131),
+        _anything,
+    ),
     comment=st.one_of(
         st.none(), st.text(max_size=50), st.text(min_size=4001, max_size=4100), _anything
     ),
-    user_id=st.one_of(st.none(), st.text(max_size=300), _anything),
+    user_id=st.one_of(
+        st.none(), st.text(max_size=20), st.text(min_size=253, max_size=259), _anything
+    ),
 )
+@example(target=_TRACE, value=True, name="n" * 128, comment=None, user_id="u" * 256)
+@example(target=_TRACE, value=True, name="n" * 129, comment=None, user_id=None)
+@example(target=_TRACE, value=True, name="n", comment=None, user_id="u" * 257)
+@example(target=_TRACE, value=0.5, name="n", comment="c" * 5000, user_id=None)
 def test_feedback_never_raises_and_records_exactly_the_valid_input(
     target: Any, value: Any, name: Any, comment: Any, user_id: Any
 ) -> None:
