@@ -30,6 +30,8 @@ KIND_RAG: Final = "rag"
 KIND_RETRIEVER: Final = "retriever"
 KIND_RERANKER: Final = "reranker"
 KIND_GENERATOR: Final = "generator"
+#: A feedback span (``ragtrace.feedback()``): what a user said about a request.
+KIND_FEEDBACK: Final = "feedback"
 
 # openinference.span.kind values
 OI_KIND_CHAIN: Final = "CHAIN"
@@ -223,6 +225,46 @@ EVAL_FIELD_JUDGE: Final = "judge"
 #: where each retrieved document sits (its retriever or reranker span and index).
 EVAL_FIELD_DOCUMENTS: Final = "documents"
 
+# ------------------------------------------------------------------ user feedback
+# ``ragtrace.feedback()`` (and, later, the collector's ``POST /v1/feedback``) sends one
+# span per feedback, in the request's own trace: a child of the request span and linked
+# to it when its span id is known (``ragtrace.span.kind=feedback``, OpenInference kind
+# EVALUATOR, so no convention takes it for a request).  Its attributes mirror the
+# common shape of Phoenix annotations (name, score, label, explanation, identifier),
+# Langfuse scores (name, value, dataType, comment) and the GenAI
+# ``gen_ai.evaluation.result`` event (name, score.value, score.label, explanation):
+FEEDBACK_SPAN_NAME: Final = "ragtrace.feedback"
+#: What the feedback is about, e.g. ``user_feedback`` (Phoenix ``name``, Langfuse
+#: ``name``, ``gen_ai.evaluation.name``).  In the collector (planned), a repeat of
+#: (request, name, user id) replaces the earlier one.
+FEEDBACK_NAME: Final = "ragtrace.feedback.name"
+#: A double in [0, 1]; a thumbs-up is 1.0, a thumbs-down 0.0 (Phoenix ``score``,
+#: Langfuse ``value``, ``gen_ai.evaluation.score.value``).
+FEEDBACK_VALUE: Final = "ragtrace.feedback.value"
+#: ``boolean`` (the app sent a thumbs) or ``numeric`` (Langfuse ``dataType``).
+FEEDBACK_VALUE_TYPE: Final = "ragtrace.feedback.value_type"
+#: ``positive`` or ``negative``; a number is negative below 0.5 (Phoenix ``label``,
+#: ``gen_ai.evaluation.score.label``; the ``outcome`` label of ragtrace_feedback_total).
+FEEDBACK_OUTCOME: Final = "ragtrace.feedback.outcome"
+#: Free text from the user (Phoenix ``explanation``, Langfuse ``comment``,
+#: ``gen_ai.evaluation.explanation``).
+FEEDBACK_COMMENT: Final = "ragtrace.feedback.comment"
+#: Who gave the feedback (Phoenix ``identifier``, the planned upsert key with the name).
+FEEDBACK_USER_ID: Final = "ragtrace.feedback.user_id"
+#: What the answer should have been, as the user wrote it (LangSmith ``correction``).
+FEEDBACK_CORRECTION: Final = "ragtrace.feedback.correction"
+
+# ragtrace.feedback.value_type values
+FEEDBACK_TYPE_BOOLEAN: Final = "boolean"
+FEEDBACK_TYPE_NUMERIC: Final = "numeric"
+# ragtrace.feedback.outcome values
+FEEDBACK_POSITIVE: Final = "positive"
+FEEDBACK_NEGATIVE: Final = "negative"
+#: A number below this is negative feedback.
+FEEDBACK_NEGATIVE_BELOW: Final = 0.5
+#: Default ``ragtrace.feedback.name``.
+FEEDBACK_DEFAULT_NAME: Final = "user_feedback"
+
 # OpenInference inline evaluations: evaluations.N.evaluation.<field>
 EVALUATIONS: Final = "evaluations"
 EVALUATION_NAME: Final = "evaluation.name"
@@ -259,3 +301,8 @@ def document_attr(prefix: str, index: int, field: str) -> str:
 def evaluation_attr(index: int, field: str) -> str:
     """``evaluations.<index>.<field>``, e.g. ``evaluations.0.evaluation.score``."""
     return f"{EVALUATIONS}.{index}.{field}"
+
+
+def feedback_outcome(value: float) -> str:
+    """``negative`` below 0.5, else ``positive`` (value already in [0, 1])."""
+    return FEEDBACK_NEGATIVE if value < FEEDBACK_NEGATIVE_BELOW else FEEDBACK_POSITIVE

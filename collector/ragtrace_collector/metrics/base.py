@@ -97,6 +97,11 @@ class Metric(Protocol):
     @property
     def options(self) -> MetricOptions: ...
 
+    @property
+    def threshold(self) -> float:
+        """A score passes at or above it (1.0 when ``strict``)."""
+        ...
+
     def missing_inputs(self, case: RAGCase) -> str | None:
         """Why ``case`` cannot be scored (the skip reason), or None."""
         ...

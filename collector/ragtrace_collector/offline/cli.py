@@ -35,8 +35,14 @@ from ragtrace_collector.metrics import (
     UnknownMetricError,
     build_metrics,
 )
+from ragtrace_collector.offline.feedback import FeedbackReport
 from ragtrace_collector.offline.gate import QualityGate, parse_fail_under
-from ragtrace_collector.offline.loaders import DatasetError, accepted_fields, load_dataset
+from ragtrace_collector.offline.loaders import (
+    DatasetError,
+    accepted_fields,
+    check_feedback_column,
+    load_dataset,
+)
 from ragtrace_collector.offline.runner import (
     EvalReport,
     ItemResult,
@@ -167,6 +173,39 @@ def _table(report: EvalReport) -> Table:
     return table
 
 
+def _feedback_table(feedback: FeedbackReport) -> Table:
+    """Each metric's agreement with the labels, best AUROC first."""
+    table = Table(
+        title=(
+            f"agreement with {feedback.column!r} - {feedback.labelled} labelled rows "
+            f"({feedback.negatives} negative)"
+        ),
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("metric", overflow="fold", ratio=1, min_width=12)
+    for col in ("AUROC", "95% interval", "kappa", "rows"):
+        table.add_column(col, justify="right", no_wrap=True, overflow="ignore")
+    ranked = sorted(
+        feedback.metrics.items(),
+        key=lambda kv: (kv[1].auroc is None, -(kv[1].auroc or 0.0), kv[0]),
+    )
+    for name, a in ranked:
+        interval = (
+            "-"
+            if a.auroc_low is None or a.auroc_high is None
+            else f"{a.auroc_low:.2f}-{a.auroc_high:.2f}"
+        )
+        kappa = "-" if a.kappa is None else f"{a.kappa:+.2f}"
+        auroc = "-" if a.auroc is None else f"{a.auroc:.3f}"
+        table.add_row(name, auroc, interval, kappa, str(a.pairs))
+    table.caption = (
+        "AUROC: how often a negatively labelled row scored lower than a positive one "
+        "(0.5 is chance); kappa: pass/fail at the threshold against the labels"
+    )
+    return table
+
+
 def _open_output(path: Path | None) -> IO[str] | None:
     if path is None:
         return None
@@ -235,6 +274,12 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     gate = _gate(args)
     if args.max_row_size is not None and args.max_row_size < 1:
         raise _UsageError("--max-row-size must be >= 1")
+    feedback_column: str | None = getattr(args, "feedback_column", None)
+    if feedback_column is not None:
+        try:
+            check_feedback_column(feedback_column)
+        except ValueError as exc:
+            raise _UsageError(f"--feedback-column: {exc}") from None
     concurrency = args.concurrency if args.concurrency is not None else 8
     if concurrency < 1:
         raise _UsageError("--concurrency must be >= 1")
@@ -269,7 +314,12 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     output = _open_output(args.output)
 
     try:
-        loaded = load_dataset(data, format=args.format, max_row_size=args.max_row_size)
+        loaded = load_dataset(
+            data,
+            format=args.format,
+            max_row_size=args.max_row_size,
+            feedback_column=feedback_column,
+        )
     except DatasetError as exc:
         if output is not None:
             output.close()
@@ -323,6 +373,8 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
                     concurrency,
                     lines=loaded.lines,
                     on_item=advance,
+                    feedback=loaded.feedback if loaded.feedback_column is not None else None,
+                    feedback_column=loaded.feedback_column or "feedback",
                 )
             )
         report.row_errors = list(loaded.errors)
@@ -334,6 +386,9 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
         if output is not None:
             output.close()
 
+    if report.feedback is not None:
+        for note in report.feedback.describe_problems():
+            err.print(f"[yellow]warning:[/] {escape(note)}", markup=True, highlight=False)
     failures = gate.check(report) if gate.active else []
     if args.json:
         summary = report.summary_dict()
@@ -342,6 +397,8 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
         out.print_json(json.dumps(summary))
     else:
         out.print(_table(report))
+        if report.feedback is not None:
+            out.print(_feedback_table(report.feedback))
         if args.output is not None:
             out.print(f"per-item results: {args.output}", highlight=False)
     status = EXIT_OK
