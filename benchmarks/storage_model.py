@@ -59,8 +59,7 @@ def _profile(name: str, budget: float, steps: int) -> tuple[int, int, float, str
         except Exception as exc:  # a falsified invariant (or a bug in the machine)
             found = list(exc.exceptions) if isinstance(exc, ExceptionGroup) else [exc]
             failure = "\n\n".join(
-                f"{type(e).__name__}: {e}\n" + "\n".join(getattr(e, "__notes__", []))
-                for e in found
+                f"{type(e).__name__}: {e}\n" + "\n".join(getattr(e, "__notes__", [])) for e in found
             )
             break
     return machine.runs, machine.steps, time.monotonic() - started, failure

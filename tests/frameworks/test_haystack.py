@@ -21,8 +21,8 @@ from tests.e2e._support import JUDGE_KEY_ENV, JudgeServer, flat, llm_judge
 from tests.fakes.openai_server import RecordedRequest, Reply
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 from tests.frameworks._matrix import (
-    CASE_METRICS,
     ANSWER_METRICS,
+    CASE_METRICS,
     KB,
     QUESTIONS,
     TOP_2,

@@ -31,8 +31,8 @@ from ragtrace import semconv
 from tests.e2e.test_instrumentors import openinference_langchain
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 from tests.frameworks._matrix import (
-    CASE_METRICS,
     ANSWER_METRICS,
+    CASE_METRICS,
     KB,
     QUESTIONS,
     TURN_METRICS,

@@ -117,7 +117,7 @@ from ragtrace_collector.storage.outputs import (
 )
 from ragtrace_collector.storage.service import Storage
 from ragtrace_collector.storage.spill import Outstanding
-from ragtrace_collector.storage.wal import KIND_REQUEST, Record, StorageError
+from ragtrace_collector.storage.wal import KIND_REQUEST, AppendTimeout, Record, StorageError
 
 __all__ = [
     "AssembledTrace",
