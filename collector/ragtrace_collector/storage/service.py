@@ -93,6 +93,7 @@ from ragtrace_collector.storage.outputs import (
 from ragtrace_collector.storage.wal import (
     HEADER_SIZE,
     KIND_REQUEST,
+    SEGMENT_HEADER_SIZE,
     AppendTimeout,
     FileOps,
     Placed,
@@ -108,8 +109,8 @@ __all__ = ["Storage", "segment_size_for"]
 
 #: Replay hands the pipeline records in chunks of about this many payload bytes.
 _REPLAY_CHUNK_BYTES: Final = 4 * 1024 * 1024
-#: A segment holding nothing but its magic.
-_EMPTY_SEGMENT: Final = 8
+#: A segment holding nothing but its header (magic and key).
+_EMPTY_SEGMENT: Final = SEGMENT_HEADER_SIZE
 #: The writer takes at most this many payload bytes into one group commit.
 _GROUP_BYTES: Final = 16 * 1024 * 1024
 _CHECKPOINT_EVERY: Final = 0.5
@@ -508,7 +509,7 @@ class Storage(Component):
         self._active = first
         if first not in self._segments:
             self._add_segment(first, _Seg(0, _EMPTY_SEGMENT, True))
-            self._disk_bytes += _EMPTY_SEGMENT  # its magic
+            self._disk_bytes += _EMPTY_SEGMENT  # its header
         if previous is not None and previous in self._segments:
             self._segments[previous].open = False
             self._maybe_delete(previous)
