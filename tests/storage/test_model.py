@@ -258,13 +258,33 @@ def _play(profile: str, steps: list[Step]) -> None:
     machine.teardown()
 
 
-@pytest.mark.parametrize("name", sorted(_SEQUENCES))
-@pytest.mark.xfail(
-    strict=True,
-    raises=ModelViolation,
-    reason="issue 27 defects 1, 3, 4, 5, 6 and two more found by the model (today's "
-    "storage); the core rework fixes them",
-)
+#: The sequences that still fail, and why (the others pass since the storage rework and
+#: the keyed record check).  Integration state, to be closed before issue 27 lands.
+_STILL_FAILING: dict[str, str] = {
+    "defect4_a_hold_never_ends_after_a_timed_out_then_failed_output_write": "the model's "
+    "pipeline side still appends outputs with the append timeout (the pipeline now uses "
+    "timeout=False)",
+    "defect6_outputs_written_past_the_disk_bound": "the model's pipeline side does not ask "
+    "Storage.room_for_output before logging results",
+    "found1_marks_release_an_entry_still_awaiting_its_result": "pins are not logged: a "
+    "replay's delivery marks release an entry whose result is still to come",
+}
+
+
+def _sequence_params() -> list[Any]:
+    return [
+        pytest.param(
+            name,
+            marks=[pytest.mark.xfail(strict=True, raises=ModelViolation, reason=why)]
+            if (why := _STILL_FAILING.get(name))
+            else [],
+            id=name,
+        )
+        for name in sorted(_SEQUENCES)
+    ]
+
+
+@pytest.mark.parametrize("name", _sequence_params())
 def test_the_shortest_sequence_found_for_each_defect(name: str) -> None:
     profile, steps, _control = _SEQUENCES[name]
     _play(profile, steps)
