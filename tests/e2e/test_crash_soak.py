@@ -79,12 +79,6 @@ def test_a_few_kills_with_late_results_lose_nothing_and_rejudge_nothing_settled(
     _check(_soak(tmp_path, "late", seed=27))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 27, defect 1: the checkpoint is the first unsettled entry inserted, "
-    "not the lowest; carriers logged during replay let the clean stop write checkpoint "
-    "401 and the next start skips every replayed entry still unsettled",
-)
 def test_a_clean_stop_after_a_replay_loses_nothing(tmp_path: Path) -> None:
     """The issue's scenario 1, as written (``run_replay_stop``): 400 traces
     acknowledged with the backend refusing, kill -9; a restart with a backend that
