@@ -95,20 +95,17 @@ class CollectorService:
             self.host.register(self.stage.evaluator)
             if self.stage.pool is not None:
                 self.host.register(self.stage.pool)
-        else:
-            if processor is None:
-                # build_stage runs check-config's checks; with evaluation off, those
-                # that still apply (the storage directory) run here, so that serve
-                # refuses what check-config reports whether evaluation is on or off.
-                problems = preflight_problems(config)
-                if problems:
-                    raise ConfigError(problems)
-            if config.alerts.rules:
-                self._log.warning(
-                    "alerts_without_evaluation",
-                    detail="evaluation is off, so no scores reach the alert rules",
-                    rules=[r.name for r in config.alerts.rules],
-                )
+        elif processor is None and (problems := preflight_problems(config)):
+            # build_stage runs check-config's checks; with evaluation off, those that
+            # still apply (the storage directory) run here, so that serve refuses what
+            # check-config reports whether evaluation is on or off.
+            raise ConfigError(problems)
+        if self.stage is None and config.alerts.rules:
+            self._log.warning(
+                "alerts_without_evaluation",
+                detail="evaluation is off, so no scores reach the alert rules",
+                rules=[r.name for r in config.alerts.rules],
+            )
         # The file exporter syncs per the log's policy; without a log there is no entry
         # for it to keep, so it leaves flushing to the OS.
         fsync = config.storage.fsync if config.storage.directory is not None else "never"
