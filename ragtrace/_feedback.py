@@ -69,11 +69,11 @@ __all__ = [
 ]
 
 #: ``comment`` and ``correction`` are cut at this many characters.
-MAX_TEXT_CHARS: Final = 4000
+MAX_TEXT_CHARS: Final = semconv.FEEDBACK_MAX_TEXT_CHARS
 #: Longer feedback names are refused (a name is a metric label in the collector).
-MAX_NAME_CHARS: Final = 128
+MAX_NAME_CHARS: Final = semconv.FEEDBACK_MAX_NAME_CHARS
 #: Longer user ids are refused.
-MAX_USER_ID_CHARS: Final = 256
+MAX_USER_ID_CHARS: Final = semconv.FEEDBACK_MAX_USER_ID_CHARS
 
 _TRACE_ID_DIGITS: Final = 32
 _SPAN_ID_DIGITS: Final = 16

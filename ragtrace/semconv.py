@@ -264,6 +264,12 @@ FEEDBACK_NEGATIVE: Final = "negative"
 FEEDBACK_NEGATIVE_BELOW: Final = 0.5
 #: Default ``ragtrace.feedback.name``.
 FEEDBACK_DEFAULT_NAME: Final = "user_feedback"
+#: Bounds shared by the SDK and the collector's ``POST /v1/feedback``: a longer name or
+#: user id is refused (a name is a metric label, a user id part of the upsert key, so
+#: cutting either could merge two of them); a longer comment or correction is cut.
+FEEDBACK_MAX_NAME_CHARS: Final = 128
+FEEDBACK_MAX_USER_ID_CHARS: Final = 256
+FEEDBACK_MAX_TEXT_CHARS: Final = 4000
 
 # OpenInference inline evaluations: evaluations.N.evaluation.<field>
 EVALUATIONS: Final = "evaluations"
