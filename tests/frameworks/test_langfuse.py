@@ -130,7 +130,12 @@ def test_langfuse_question_not_recorded(
         assert flat(root, name, semconv.EVAL_FIELD_SKIPPED) is True, name
     reason = flat(root, "contextual_relevancy", semconv.EVAL_FIELD_REASON)
     assert isinstance(reason, str)
-    assert reason.endswith("no input"), reason
+    # The reason says what was recorded instead of a question, and the setting that
+    # reads one.
+    assert "no input: the question recorded is a call's arguments (1 positional, 0 of" in (
+        reason
+    ), reason
+    assert "cases.question_attribute" in reason, reason
     assert_answer_metrics_scored(root, None, got.answer, got.texts, names=("faithfulness",))
 
 
