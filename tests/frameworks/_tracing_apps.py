@@ -335,6 +335,12 @@ class AppProcess:
         got = json.loads(line)
         return Retrieved(got["ids"], got["texts"], got["answer"])
 
+    def __enter__(self) -> AppProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self._proc.stdin is not None:
             self._proc.stdin.close()

@@ -14,8 +14,6 @@ argument, Langfuse records its input as ``{"args": ["..."], "kwargs": {}}``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +54,12 @@ def langfuse_env(serve: Serve, service: str) -> dict[str, str]:
     }
 
 
-@contextmanager
 def langfuse_app(
     serve: Serve, service: str, llm: JudgeServer, which: str = "langfuse"
-) -> Iterator[AppProcess]:
-    app = AppProcess(which, langfuse_env(serve, service), llm.base_url)
-    try:
-        yield app
-    finally:
-        app.close()
+) -> AppProcess:
+    """The app ``which`` in a process of its own, exporting to ``serve`` (a context
+    manager: closed on leaving)."""
+    return AppProcess(which, langfuse_env(serve, service), llm.base_url)
 
 
 @pytest.mark.parametrize("positional", [True, False], ids=["positional", "keyword"])
