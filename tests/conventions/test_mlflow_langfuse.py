@@ -238,9 +238,7 @@ def test_langfuse_and_mlflow_say_what_they_found_instead_of_text() -> None:
     )
     assert built.case.input is None
     assert built.case.actual_output is None
-    assert "a call's arguments (1 positional, 0 of them text" in (
-        built.case.input_unreadable or ""
-    )
+    assert "a call's arguments (1 positional, 0 of them text" in (built.case.input_unreadable or "")
     assert "a JSON object with keys ids, n" in (built.case.output_unreadable or "")
     assert mlflow.answer({semconv.MLFLOW_SPAN_OUTPUTS: json.dumps({"ids": [1]})}) == Unread(
         "a JSON object with keys ids"
