@@ -14,7 +14,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ragtrace import semconv
 from ragtrace_collector.conventions import CONVENTIONS, langfuse, mlflow
-from ragtrace_collector.conventions.base import Role, unquote
+from ragtrace_collector.conventions.base import Role, Unread, unquote
 from ragtrace_collector.evaluation.case_builder import build_cases, may_hold_case
 from tests.fakes.spans import named_span
 
@@ -227,6 +227,22 @@ def test_langfuse_arguments_without_text_are_no_question() -> None:
     [built] = build_cases(_langfuse_trace(args=[7, {"vector": [0.1, 0.2]}, [0.3, 0.4]]))
     assert built.case.input is None
     assert built.case.actual_output == ANSWER
+
+
+def test_langfuse_and_mlflow_say_what_they_found_instead_of_text() -> None:
+    """A question or an answer that is JSON holding no text is reported as what it
+    holds, so the metrics that need it are skipped with that reason (was: no reason at
+    all from these two conventions)."""
+    [built] = build_cases(
+        _langfuse_trace(args=[[0.1, 0.2]], output=json.dumps({"ids": [1, 2], "n": 2}))
+    )
+    assert built.case.input is None
+    assert built.case.actual_output is None
+    assert "a call's arguments (1 positional, 0 of them text" in (built.case.input_unreadable or "")
+    assert "a JSON object with keys ids, n" in (built.case.output_unreadable or "")
+    assert mlflow.answer({semconv.MLFLOW_SPAN_OUTPUTS: json.dumps({"ids": [1]})}) == Unread(
+        "a JSON object with keys ids"
+    )
 
 
 def test_langfuse_plain_and_json_inputs() -> None:

@@ -194,6 +194,10 @@ def test_traceloop_quoted_output() -> None:
         ({"args": [Q1, 3], "kwargs": {"top_k": 2}}, Q1),
         ({"args": [], "kwargs": {"question": Q1, "session": "s"}}, Q1),
         ({"args": ["ignored"], "kwargs": {"query": Q1}}, Q1),
+        ({"args": [], "kwargs": {"q": Q1}}, Q1),  # no text argument: kwargs' only text
+        ({"args": [3, Q1], "kwargs": {"session": "s"}}, Q1),  # the text argument first
+        ({"args": [{"messages": [{"role": "user", "content": Q1}]}], "kwargs": {}}, Q1),
+        ({"args": [[0.1, 0.2], {"question": Q1}]}, Q1),  # an embedding is never read
         ({"query": Q1, "top_k": 2}, Q1),
         ({"question": Q1}, Q1),
         ({"input": Q1, "chat_history": []}, Q1),

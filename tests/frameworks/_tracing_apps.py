@@ -1,13 +1,15 @@
-"""The RAG apps of the MLflow and Langfuse matrix cells, each run in a process of its
-own (``python -m tests.frameworks._tracing_apps APP``, APP one of :data:`_APPS`): both
-SDKs set up their OTLP export once per process, from the environment, as a user's app does, so
-every test starts one with the collector's address in its environment.
+"""The RAG apps of the MLflow, Langfuse and traceloop-sdk matrix cells, each run in a
+process of its own (``python -m tests.frameworks._tracing_apps APP``, APP one of
+:data:`_APPS`): these SDKs set up their OTLP export once per process, from the
+environment, as a user's app does, so every test starts one with the collector's
+address in its environment.
 
-Protocol: one JSON request per line on stdin (``{"question", "session",
-"positional", "embedded"}``), one JSON line back per request on stdout (``{"ids", "texts",
-"answer"}``: what the app retrieved and answered), sent once the request's spans are
-exported.  The app retrieves with the corpus's keyword rule (:func:`_matrix.rank`) and
-answers with the loopback OpenAI-compatible server at ``MATRIX_LLM_URL``.
+Protocol: one JSON request per line on stdin (``{"question", "session", "positional",
+"embedded", "reworded"}``), one JSON line back per request on stdout (``{"ids",
+"texts", "answer"}``: what the app retrieved and answered), sent once the request's
+spans are exported; what an SDK prints goes to stderr.  The app retrieves with the
+corpus's keyword rule (:func:`_matrix.rank`) and answers with the loopback
+OpenAI-compatible server at ``MATRIX_LLM_URL``.
 """
 
 from __future__ import annotations
@@ -189,24 +191,90 @@ def _mlflow_langchain_app() -> tuple[
     return ask, _mlflow_flush
 
 
+def _keyword_retriever() -> Any:
+    """A LangChain retriever with the corpus's keyword rule, whose documents carry their
+    id only as ``Document.id`` (no id in the metadata)."""
+    from langchain_core.callbacks import CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+
+    class KeywordRetriever(BaseRetriever):
+        def _get_relevant_documents(
+            self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+        ) -> list[Document]:
+            return [Document(page_content=KB[i], id=i) for i in rank(query)]
+
+    return KeywordRetriever()
+
+
+def _traceloop_app() -> tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[], None]]:
+    """traceloop-sdk: ``Traceloop.init`` (exporting to ``TRACELOOP_BASE_URL``) with its
+    LangChain instrumentation, a ``@workflow`` calling a ``@task`` that invokes the
+    LangChain retriever, then the loopback LLM.  With ``"reworded"`` the task returns
+    its documents shortened for the prompt (new text, same ids), so the retriever span's
+    documents and the task's no longer match by text."""
+    from langchain_core.documents import Document
+    from traceloop.sdk import Traceloop
+    from traceloop.sdk.decorators import task, workflow
+    from traceloop.sdk.instruments import Instruments
+
+    Traceloop.init(
+        app_name=os.environ["OTEL_SERVICE_NAME"],
+        disable_batch=True,
+        telemetry_enabled=False,
+        instruments={Instruments.LANGCHAIN},
+    )
+    retriever = _keyword_retriever()
+
+    @task(name="retrieve")
+    def retrieve(question: str, reworded: bool = False) -> list[Document]:
+        docs = retriever.invoke(question)
+        if reworded:
+            return [Document(page_content=d.page_content[:24] + "...", id=d.id) for d in docs]
+        return list(docs)
+
+    used: list[str] = []
+
+    @workflow(name="answer")
+    def answer(question: str, reworded: bool = False) -> str:
+        docs = retrieve(question, reworded)
+        used[:] = [d.page_content for d in docs]
+        return _generate(question, used)
+
+    def ask(request: dict[str, Any]) -> dict[str, Any]:
+        reworded = bool(request.get("reworded"))
+        text = answer(question=request["question"], reworded=reworded)
+        return {"answer": text, "texts": list(used)}
+
+    def flush() -> None:
+        # disable_batch: each span is exported as it ends; nothing is left to flush.
+        pass
+
+    return ask, flush
+
+
 _APPS = {
     "mlflow": _mlflow_app,
     "langfuse": _langfuse_app,
     "langfuse-langchain": _langfuse_langchain_app,
     "mlflow-langchain": _mlflow_langchain_app,
+    "traceloop": _traceloop_app,
 }
 
 
 def main() -> None:
+    protocol = sys.stdout
+    sys.stdout = sys.stderr  # what an SDK prints (traceloop-sdk's banners) is not a reply
     ask, flush = _APPS[sys.argv[1]]()
     for line in sys.stdin:
         request = json.loads(line)
         got = ask(request)
         ids = rank(request["question"])
         flush()
-        out = {"ids": ids, "texts": [KB[i] for i in ids], "answer": got["answer"]}
-        sys.stdout.write(json.dumps(out) + "\n")
-        sys.stdout.flush()
+        texts = got.get("texts") or [KB[i] for i in ids]
+        out = {"ids": ids, "texts": texts, "answer": got["answer"]}
+        protocol.write(json.dumps(out) + "\n")
+        protocol.flush()
 
 
 if __name__ == "__main__":
@@ -226,7 +294,7 @@ class AppProcess:
         full = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith(("OTEL_", "LANGFUSE_", "MLFLOW_"))
+            if not k.startswith(("OTEL_", "LANGFUSE_", "MLFLOW_", "TRACELOOP_"))
         }
         full.update(env, MATRIX_LLM_URL=llm_url, PYTHONPATH=str(root))
         self._proc = subprocess.Popen(
@@ -245,6 +313,7 @@ class AppProcess:
         session: str | None = None,
         positional: bool = False,
         embedded: bool = False,
+        reworded: bool = False,
     ) -> Any:
         """What the app retrieved and answered (a :class:`~tests.e2e._instrumented.Retrieved`),
         once its spans are exported."""
@@ -257,6 +326,7 @@ class AppProcess:
             "session": session,
             "positional": positional,
             "embedded": embedded,
+            "reworded": reworded,
         }
         self._proc.stdin.write(json.dumps(request) + "\n")
         self._proc.stdin.flush()
@@ -264,6 +334,12 @@ class AppProcess:
         assert line, f"the app exited: {self._proc.wait(30)}"
         got = json.loads(line)
         return Retrieved(got["ids"], got["texts"], got["answer"])
+
+    def __enter__(self) -> AppProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         if self._proc.stdin is not None:

@@ -13,8 +13,6 @@ is ``@mlflow.trace`` with no span type (``"UNKNOWN"``), its answer a JSON-quoted
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +57,10 @@ def mlflow_env(serve: Serve, service: str) -> dict[str, str]:
     }
 
 
-@contextmanager
-def mlflow_app(
-    serve: Serve, service: str, llm: JudgeServer, which: str = "mlflow"
-) -> Iterator[AppProcess]:
-    app = AppProcess(which, mlflow_env(serve, service), llm.base_url)
-    try:
-        yield app
-    finally:
-        app.close()
+def mlflow_app(serve: Serve, service: str, llm: JudgeServer, which: str = "mlflow") -> AppProcess:
+    """The app ``which`` in a process of its own, exporting to ``serve`` (a context
+    manager: closed on leaving)."""
+    return AppProcess(which, mlflow_env(serve, service), llm.base_url)
 
 
 def test_mlflow_retriever(sink: OtlpSink, tmp_path: Path, llm_server: JudgeServer) -> None:

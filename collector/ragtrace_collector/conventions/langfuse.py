@@ -12,18 +12,17 @@ collector and ``LANGFUSE_OTEL_TRACES_EXPORT_PATH=v1/traces``.
   (any list of records the SDK reads: ``id``/``doc_id``/..., content, score, metadata;
   LangChain documents: :func:`~ragtrace_collector.conventions.base.documents_from_json`).
 * Question and answer: ``langfuse.observation.input`` / ``langfuse.observation.output``,
-  JSON reduced.  ``@observe`` records a call's arguments as
-  ``{"args": [...], "kwargs": {...}}``: the question is read from the keyword
-  arguments, else from the first positional argument that holds text.  An output that
-  is JSON holding no answer text is no answer (never judged as a JSON document).
+  reduced by :mod:`~ragtrace_collector.conventions.text` (``@observe`` records a
+  call's arguments as ``{"args": [...], "kwargs": {...}}``, an argument map there).
+  A value that holds no text is reported as what it holds (never judged as a JSON
+  document).
 * Session: ``session.id`` (``propagate_attributes(session_id=...)`` writes it on every
   observation made inside it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
@@ -32,13 +31,13 @@ from ragtrace_collector.conventions.base import (
     Attrs,
     Document,
     Role,
+    Unread,
     documents_from_json,
-    json_value,
     role_from,
     text_attribute,
     unquote,
 )
-from ragtrace_collector.conventions.text import question_text, reduce_answer
+from ragtrace_collector.conventions.text import question_text, read_answer, read_question
 
 name: Final = "langfuse"
 markers: Final = {semconv.LANGFUSE_OBSERVATION_TYPE: frozenset({semconv.LANGFUSE_TYPE_RETRIEVER})}
@@ -50,8 +49,6 @@ _ROLES: Final = {
     semconv.LANGFUSE_TYPE_RETRIEVER: Role.RETRIEVER,
     **dict.fromkeys(semconv.LANGFUSE_ROOT_TYPES, Role.ROOT),
 }
-#: The keys of ``@observe``'s record of a call's arguments.
-_CALL_KEYS: Final = frozenset({"args", "kwargs"})
 
 
 def role(span: trace_pb2.Span, attrs: Attrs) -> Role | None:
@@ -62,42 +59,12 @@ def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document] 
     return documents_from_json(attrs.get(semconv.LANGFUSE_OBSERVATION_OUTPUT))
 
 
-def question(attrs: Attrs) -> str | None:
-    value = unquote(attrs.get(semconv.LANGFUSE_OBSERVATION_INPUT))
-    parsed = json_value(value)
-    if isinstance(parsed, Mapping) and parsed.keys() == _CALL_KEYS:
-        return _call_question(parsed["args"], parsed["kwargs"])
-    return question_text(value)
+def question(attrs: Attrs) -> str | Unread | None:
+    return read_question(unquote(attrs.get(semconv.LANGFUSE_OBSERVATION_INPUT)))
 
 
-def _call_question(args: Any, kwargs: Any) -> str | None:
-    """The question of a call recorded as its arguments: the keyword arguments reduced
-    as an input object (``question=``, ``query=``, ...), else the first positional
-    argument that is text, else the first object (or list of objects) that reduces to
-    text."""
-    if isinstance(kwargs, Mapping) and kwargs:
-        found = question_text(dict(kwargs))
-        if found:
-            return found
-    if not isinstance(args, list):
-        return None
-    for arg in args:
-        if isinstance(arg, str) and arg:
-            return question_text(arg)
-    for arg in args:
-        # An object, or a list of objects (messages): not a list of numbers (an
-        # embedding), whose last number is no question.
-        if isinstance(arg, Mapping) or (
-            isinstance(arg, list) and arg and all(isinstance(a, Mapping) for a in arg)
-        ):
-            found = question_text(arg)
-            if found:
-                return found
-    return None
-
-
-def answer(attrs: Attrs) -> str | None:
-    return reduce_answer(unquote(attrs.get(semconv.LANGFUSE_OBSERVATION_OUTPUT)))
+def answer(attrs: Attrs) -> str | Unread | None:
+    return read_answer(unquote(attrs.get(semconv.LANGFUSE_OBSERVATION_OUTPUT)))
 
 
 def session_id(attrs: Attrs) -> str | None:
@@ -105,4 +72,4 @@ def session_id(attrs: Attrs) -> str | None:
 
 
 def retrieval_query(attrs: Attrs) -> str | None:
-    return question(attrs)
+    return question_text(unquote(attrs.get(semconv.LANGFUSE_OBSERVATION_INPUT)))

@@ -19,8 +19,8 @@ output is ``"Paris is ..."``, inputs are the call's arguments bound to their nam
   ``Document.id`` is the document's own id; without it the metadata's id keys
   (``doc_id``, ``chunk_id``, ...) give one.
 * Question and answer: ``mlflow.spanInputs`` / ``mlflow.spanOutputs``, unquoted and
-  JSON reduced; an output that is JSON holding no answer text is no answer (never
-  judged as a JSON document).
+  JSON reduced; a value that holds no text is reported as what it holds (never judged
+  as a JSON document).
 * Session: ``session.id`` (MLflow's own attribute key; JSON-quoted when set through
   ``span.set_attribute``).  ``mlflow.tracing.context(session_id=...)`` keeps the
   session in the trace's metadata, which the OTLP export does not carry.
@@ -37,12 +37,13 @@ from ragtrace_collector.conventions.base import (
     Attrs,
     Document,
     Role,
+    Unread,
     documents_from_json,
     role_from,
     text_attribute,
     unquote,
 )
-from ragtrace_collector.conventions.text import question_text, reduce_answer
+from ragtrace_collector.conventions.text import question_text, read_answer, read_question
 
 name: Final = "mlflow"
 #: A retriever marks a trace that may hold a case (a reranker comes with one, as in
@@ -67,12 +68,12 @@ def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document] 
     return documents_from_json(attrs.get(semconv.MLFLOW_SPAN_OUTPUTS))
 
 
-def question(attrs: Attrs) -> str | None:
-    return question_text(unquote(attrs.get(semconv.MLFLOW_SPAN_INPUTS)))
+def question(attrs: Attrs) -> str | Unread | None:
+    return read_question(unquote(attrs.get(semconv.MLFLOW_SPAN_INPUTS)))
 
 
-def answer(attrs: Attrs) -> str | None:
-    return reduce_answer(unquote(attrs.get(semconv.MLFLOW_SPAN_OUTPUTS)))
+def answer(attrs: Attrs) -> str | Unread | None:
+    return read_answer(unquote(attrs.get(semconv.MLFLOW_SPAN_OUTPUTS)))
 
 
 def session_id(attrs: Attrs) -> str | None:
@@ -81,4 +82,4 @@ def session_id(attrs: Attrs) -> str | None:
 
 
 def retrieval_query(attrs: Attrs) -> str | None:
-    return question(attrs)
+    return question_text(unquote(attrs.get(semconv.MLFLOW_SPAN_INPUTS)))

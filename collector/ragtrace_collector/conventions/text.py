@@ -22,9 +22,11 @@ or the Python repr of a framework object.  A case needs the question and the ans
 * a Haystack **answer** (``GeneratedAnswer`` repr, or its ``to_dict`` form): its
   ``data``, never the repr with the query and the documents; AnswerBuilder's
   ``{"answers": [...]}`` is an object with an answer key;
-* an **argument map** ``{"args": [...], "kwargs": {...}}`` (how a decorated function's
-  call is recorded): the question is a question key of ``kwargs``, else the only text
-  argument;
+* an **argument map** ``{"args": [...], "kwargs": {...}}`` (how Langfuse's
+  ``@observe`` and traceloop's decorators record a call): the question is a question
+  key of ``kwargs``, else the only text argument (two are ambiguous), else, with no
+  text argument, ``kwargs`` read as an object, else the first argument that is an
+  object or a list of messages holding a question; a call holds no answer;
 * any other **object** is reduced through its first key that holds the text: for a
   question ``input``, ``question``, ``query``, ``query_str``, ``inputs``,
   ``user_input``, ``prompt``, ``messages``, ``message`` (LlamaIndex chat engines),
@@ -379,7 +381,7 @@ def _from_mapping(obj: Mapping[str, Any], side: _Side, depth: int) -> str | None
     answer = _answer_object(obj)
     if answer is not None:
         return _reduce(answer, side, depth + 1) if side == "answer" else None
-    if "args" in obj and set(obj) <= {"args", "kwargs"}:
+    if _is_arguments(obj):
         return _from_arguments(obj, side, depth)
     keys = _QUESTION_KEYS if side == "question" else _ANSWER_KEYS
     for key in keys:
@@ -405,22 +407,46 @@ def _answer_object(obj: Mapping[str, Any]) -> Any:
     return None
 
 
+def _is_arguments(obj: Mapping[str, Any]) -> bool:
+    """A recorded call: ``{"args": [...], "kwargs": {...}}`` (Langfuse's ``@observe``,
+    traceloop's ``@workflow``/``@task``), ``kwargs`` optional."""
+    return "args" in obj and set(obj) <= {"args", "kwargs"}
+
+
 def _from_arguments(obj: Mapping[str, Any], side: _Side, depth: int) -> str | None:
-    """A recorded call ``{"args": [...], "kwargs": {...}}``: the question is a question
-    key of ``kwargs``, else the only text argument.  A call holds no answer."""
+    """A recorded call ``{"args": [...], "kwargs": {...}}``.  The question is, in order:
+    a question key of ``kwargs`` (``question=``, ``query=``, ...); the only positional
+    argument that is text (two or more are ambiguous: none is taken); with no text
+    argument, ``kwargs`` read as an input object (``q="..."``, its only text); the
+    first positional object, or list of objects (messages), that holds a question.  A
+    list of numbers (an embedding) is never read.  A call holds no answer."""
     if side != "question":
         return None
     kwargs = obj.get("kwargs")
-    if isinstance(kwargs, Mapping):
-        for key in _QUESTION_KEYS:
-            if kwargs.get(key) is not None:
-                reduced = _reduce(kwargs[key], side, depth + 1)
-                if reduced is not None:
-                    return reduced
+    kwargs = kwargs if isinstance(kwargs, Mapping) else {}
+    for key in _QUESTION_KEYS:
+        if kwargs.get(key) is not None:
+            reduced = _reduce(kwargs[key], side, depth + 1)
+            if reduced is not None:
+                return reduced
     args = obj.get("args")
-    texts = [a for a in args if isinstance(a, str)] if isinstance(args, list) else []
+    args = args if isinstance(args, list) else []
+    texts = [a for a in args if isinstance(a, str)]
     if len(texts) == 1:
         return _reduce(texts[0], side, depth + 1)
+    if texts:
+        return None
+    if kwargs:
+        reduced = _from_mapping(kwargs, side, depth + 1)
+        if reduced is not None:
+            return reduced
+    for arg in args:
+        if isinstance(arg, Mapping) or (
+            isinstance(arg, list) and arg and all(isinstance(a, Mapping) for a in arg)
+        ):
+            reduced = _reduce(arg, side, depth + 1)
+            if reduced is not None:
+                return reduced
     return None
 
 
@@ -477,7 +503,7 @@ def _describe(value: Any, side: _Side) -> str:
     if message is not None:
         return _describe_message(message, side)
     if isinstance(value, Mapping):
-        if "args" in value and set(value) <= {"args", "kwargs"}:
+        if _is_arguments(value):
             args = value.get("args")
             count = len(args) if isinstance(args, list) else 0
             texts = sum(isinstance(a, str) for a in args) if isinstance(args, list) else 0

@@ -5,14 +5,6 @@ retrieval context.
 whitespace and punctuation trimmed, inner spaces collapsed).  Ragas matches exact
 strings; the normalisation is a deliberate improvement.
 
-A reference entity that the retrieved *text* contains (as whole words, casefolded,
-whitespace collapsed) counts as found even when the extraction of that text did not
-list it: extraction decides per text, and the same word is an entity at the start of one
-sentence ("Card refunds are issued ...") and a common word in another ("... your
-card"), so the two sides would otherwise be read differently and the metric would report
-"missing: card" beside a context that reads "Card".  An entity present in the retrieved
-text is never reported missing.
-
 Judge economy: every text whose entities are not known yet goes into **one**
 extraction call; each text's entities are cached by content hash in a bounded LRU
 shared across cases (production retrieves the same documents again and again).  When
@@ -24,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import re
 import unicodedata
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -54,13 +45,6 @@ def normalise_entity(entity: str) -> str:
 
 def entity_set(entities: Iterable[str]) -> set[str]:
     return {n for n in (normalise_entity(e) for e in entities) if n}
-
-
-def _in_texts(entity: str, texts: Sequence[str]) -> bool:
-    """``entity`` (normalised) as whole words of one of ``texts`` (casefolded, inner
-    whitespace collapsed, as :func:`normalise_entity` writes it)."""
-    pattern = re.compile(rf"(?<!\w){re.escape(entity)}(?!\w)")
-    return any(pattern.search(text) is not None for text in texts)
 
 
 @dataclass
@@ -216,17 +200,10 @@ class ContextEntityRecall(MetricBase):
         if not ge:
             return Outcome.skip("the expected output has no entities", **details)
         matched = ge & ce
-        if ge - matched:
-            folded = [" ".join(t.casefold().split()) for t in contexts]
-            in_text = {e for e in ge - matched if _in_texts(e, folded)}
-            if in_text:
-                details["found_in_text"] = sorted(in_text)
-                matched |= in_text
         details["matched"] = sorted(matched)
-        missing = sorted(ge - matched)
-        details["missing"] = missing
+        details["missing"] = sorted(ge - ce)
         reason = f"{len(matched)} of {len(ge)} reference entities found in the retrieval context"
-        if missing:
-            shown = ", ".join(missing[:5])
-            reason += f"; missing: {shown}" + (" ..." if len(missing) > 5 else "")
+        if ge - ce:
+            shown = ", ".join(sorted(ge - ce)[:5])
+            reason += f"; missing: {shown}" + (" ..." if len(ge - ce) > 5 else "")
         return Outcome(len(matched) / len(ge), reason, details)
