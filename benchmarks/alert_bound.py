@@ -17,9 +17,11 @@ after:
 * a rule whose reference is known (a drop rule against a 24-hour baseline, which
   holds 96 times the window's results): the exact KL of one score, times ``r``
   (Bernoulli: ``KL(Bern(p - d) || Bern(p))``; Beta scores: ``d**2 / 2 var``);
-* a canary rule, whose reference is the other side in the same window with as many
-  results: ``d**2 / (2 (var_before + var_after))`` per pair of results, times ``r``
-  (the other side's noise counts as much as the candidate's).
+* a canary rule, whose reference is the other side in the same window with ``k``
+  times the candidate's results (``k`` = 1 for one value against another, 4 for one
+  of five values against the other four): ``d**2 / (2 (var_after + var_before / k))``
+  per candidate result, times ``r`` (the Gaussian approximation: the reference's
+  noise counts too, less the more results it has).
 
 A rule that compares ``n`` series in one service keeps its budget per rule, so each
 series gets ``n`` times the budget.  The classic first-order figure ``ln(ARL0) / KL``
@@ -48,14 +50,14 @@ class Case:
     name: str
     window_min: float
     series: int  # series the rule compares in one service
-    canary: bool
+    reference: float  # the reference side's results per candidate result; 0: known
 
 
 CASES = [
-    Case("canary, defaults (15m), 1 value vs rest (2 series)", 15, 2, True),
-    Case("canary, defaults, 5 values vs rest", 15, 5, True),
-    Case("canary, docs example (10m, canary vs production)", 10, 1, True),
-    Case("drop rule, defaults (15m vs 24h)", 15, 1, False),
+    Case("canary, defaults (15m), 1 value vs rest (2 series)", 15, 2, 1),
+    Case("canary, defaults, 5 values vs rest", 15, 5, 4),
+    Case("canary, docs example (10m, canary vs production)", 10, 1, 1),
+    Case("drop rule, defaults (15m vs 24h)", 15, 1, 0),
 ]
 
 
@@ -71,8 +73,8 @@ def information(case: Case, noise: str, drop: float, rate: float) -> tuple[float
     """KL information per minute and per result (a result: one score of the candidate,
     with one of the other side for a canary rule)."""
     before, after = _var(noise, MEAN), _var(noise, MEAN - drop)
-    if case.canary:
-        per = drop * drop / (2 * (before + after))
+    if case.reference:
+        per = drop * drop / (2 * (after + before / case.reference))
     elif noise == "bernoulli":
         per = _kl_bernoulli(MEAN - drop, MEAN)
     else:
