@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,23 @@ def _am_notified(hooks: HookReceiver, status: str) -> set[str]:
         for alert in body["alerts"]
         if alert["labels"]["alertname"] == DETECTOR_ALERTNAME and alert["status"] == status
     }
+
+
+def _am_resolved_ends(hooks: HookReceiver) -> dict[str, float]:
+    """Per rule, the ``endsAt`` of the resolved alert Alertmanager notified (epoch s)."""
+    return {
+        alert["labels"]["rule"]: _epoch(alert["endsAt"])
+        for body in hooks.on(AM_HOOK)
+        for alert in body["alerts"]
+        if alert["labels"]["alertname"] == DETECTOR_ALERTNAME and alert["status"] == "resolved"
+    }
+
+
+def _epoch(ts: str) -> float:
+    """An RFC 3339 time (Alertmanager writes nanoseconds, the collector milliseconds)."""
+    head, _, frac = ts.rstrip("Z").partition(".")
+    whole = datetime.fromisoformat(head).replace(tzinfo=UTC).timestamp()
+    return whole + (float("0." + frac) if frac else 0.0)
 
 
 def _firing_metric(admin_url: str) -> dict[str, float | None]:
@@ -188,6 +206,13 @@ async def test_a_rollback_resolves_the_canary_alert_everywhere(
         ), body["reason"]
         assert f"resolved: {body['reason']}" in body["summary"]
         assert ">=" not in body["summary"]  # the drop no longer holds, and it does not say so
+    # Alertmanager resolved them on the collector's resolved post, not on the timeout of
+    # the last firing post's endsAt (four resend intervals, 8 s, ahead): its endsAt is
+    # the resolution time the webhook heard.
+    ends = _am_resolved_ends(hooks)
+    for rule in RULES:
+        body, _ = resolved[rule]
+        assert ends[rule] == pytest.approx(_epoch(body["ended_at"]), abs=0.002), rule
     assert [h.body["status"] for h in hooks.received if h.path == HOOK][-len(RULES) :] == [
         "resolved"
     ] * len(RULES)
