@@ -155,6 +155,11 @@ async def test_a_trickle_below_min_samples_resolves_too() -> None:
     assert ev.status == "resolved"
     assert ev.reason == f"only {ev.sample_count} scored results in the last 60s"
     assert 0 < ev.sample_count < 30
+    # its text keeps the last figures (the drop held then) but does not claim it holds
+    assert ev.drop >= ev.drop_threshold
+    text = ev.describe()
+    assert ">=" not in text, text
+    assert "drop threshold 0.100" in text, text
 
 
 @pytest.mark.parametrize("seed", range(6))

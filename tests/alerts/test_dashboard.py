@@ -25,10 +25,11 @@ from tests.alerts.dashboard import (
     GRAFANA,
     REQUIRED_FAMILIES,
     all_panels,
-    custom_variables,
     interpolate,
+    label_variables,
     load_dashboard,
     metric_names,
+    offered_labels,
     queries,
     variable_selectors,
 )
@@ -119,10 +120,7 @@ def test_the_dashboard_filters_and_splits_by_the_segment_labels() -> None:
         assert var["query"]["query"].endswith(f", {label})")
         assert var["includeAll"]
         assert var["allValue"] == ".*"  # also matches a series without the label
-    split = variables["split"]
-    assert split["type"] == "custom"
-    assert split["query"].split(",") == SEGMENT_LABELS
-    assert split["current"]["value"] in SEGMENT_LABELS
+    assert variables["split"]["current"]["value"] in SEGMENT_LABELS
     # every score and result selector of every panel honours every segment filter,
     # except the whole-service totals the "against the rest" panel compares with
     rest = 'service=~"$service", metric=~"$metric"'
@@ -143,6 +141,46 @@ def test_the_dashboard_filters_and_splits_by_the_segment_labels() -> None:
     ratio = by_title["$metric: each $split against the rest"]
     assert ratio["repeat"] == "metric"
     assert "/ on (service, $split)" in ratio["targets"][0]["expr"]
+
+
+def _stored_label_names(segments: list[str]) -> set[str]:
+    """The label names Prometheus answers for ``ragtrace_eval_score_count`` scraped from
+    a collector with these ``segments:``: the collector's labels on that series, plus
+    the name and the scrape's ``job`` and ``instance``."""
+    telemetry = Telemetry()
+    telemetry.results.set_segment_labels([segment_label(k) for k in segments])
+    telemetry.results.record("shop", "contextual_recall", "passed", 0.5, ("v",) * len(segments))
+    text = telemetry.render().decode("utf-8")
+    on_series = {
+        label
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "ragtrace_eval_score_count"
+        for label in sample.labels
+    }
+    assert {"service", "metric"} <= on_series
+    return on_series | {"__name__", "job", "instance"}
+
+
+@pytest.mark.parametrize(
+    "segments",
+    [list(SHIPPED_SEGMENTS), ["tenant.tier", "service.version"], []],
+    ids=["shipped", "custom", "none"],
+)
+def test_the_split_choice_offers_only_the_segment_labels_the_collector_exports(
+    segments: list[str],
+) -> None:
+    """ "Split scores by" lists the segment labels on the collector's score series, under
+    their Prometheus names, and nothing else: not a shipped label the collector does not
+    export (the old fixed list offered app_index_version to every collector), nor
+    service, metric or the scrape's labels (a split by service has no rest to compare
+    with)."""
+    split = {v["name"]: v for v in load_dashboard()["templating"]["list"]}["split"]
+    offered = offered_labels(split, _stored_label_names(segments))
+    assert offered == sorted(segment_label(k) for k in segments)
+    if segments == list(SHIPPED_SEGMENTS):
+        assert split["current"]["value"] in offered
+    assert variable_selectors({"templating": {"list": [split]}}) == ["ragtrace_eval_score_count"]
 
 
 def test_the_dashboard_names_only_exported_series() -> None:
@@ -166,7 +204,7 @@ def test_the_dashboard_names_only_exported_series() -> None:
 @pytest.mark.services  # promtool
 def test_every_dashboard_query_parses(tmp_path: Path) -> None:
     dash = load_dashboard()
-    custom = custom_variables(dash)
+    custom = label_variables(dash)
     exprs = [interpolate(e, custom) for e in queries(dash) + variable_selectors(dash)]
     records = [{"record": f"dashboard:query:{i}", "expr": e} for i, e in enumerate(exprs)]
     rules = {"groups": [{"name": "dashboard", "rules": records}]}
@@ -275,7 +313,7 @@ def test_every_dashboard_query_sums_over_replicas() -> None:
     dash = load_dashboard()
     per_replica = []
     for expr in queries(dash):
-        for operand in _leaf_operands(interpolate(expr, custom_variables(dash))):
+        for operand in _leaf_operands(interpolate(expr, label_variables(dash))):
             if "by (instance)" in operand:
                 per_replica.append(operand)
                 continue

@@ -108,11 +108,17 @@ class AlertEvent:
         """``app.index_version=v1 holds at 0.82; ...`` ("" without siblings)."""
         return "; ".join(s.describe() for s in self.siblings)
 
-    def _vs_threshold(self) -> str:
-        """``drop >= 0.100`` while the drop is at least the threshold, else ``< 0.100``
-        (a resolved alert never claims the threshold was met)."""
-        op = ">=" if self.drop >= self.drop_threshold - 1e-12 else "<"
-        return f"{op} {self.drop_threshold:.3f}"
+    def _vs_threshold(self, drop: str = "drop") -> str:
+        """``drop >= 0.100`` while a firing drop is at least the threshold, ``drop <
+        0.100`` below it.  A resolved alert never claims the threshold is met: when its
+        last figures still show the drop (it resolved because its results stopped, or on
+        the sequential test's evidence), ``drop threshold 0.100`` (``drop 0.420,
+        threshold 0.100`` when ``drop`` carries the figure)."""
+        met = self.drop >= self.drop_threshold - 1e-12
+        if met and self.status == "resolved":
+            sep = " " if drop == "drop" else ", "
+            return f"{drop}{sep}threshold {self.drop_threshold:.3f}"
+        return f"{drop} {'>=' if met else '<'} {self.drop_threshold:.3f}"
 
     def describe(self) -> str:
         """One human sentence, for logs and annotations."""
@@ -135,7 +141,7 @@ class AlertEvent:
         return (
             f"{self.metric} for service {self.service} {verb} {self.window_mean:.3f} over the"
             f" last {self.window_seconds:g}s ({self.sample_count} scored results), {self.drop:.3f}"
-            f" below {against} {self.baseline:.3f} (rule {self.rule}: drop"
+            f" below {against} {self.baseline:.3f} (rule {self.rule}:"
             f" {self._vs_threshold()}, p={self.p_value:.2g})"
         )
 
@@ -150,7 +156,7 @@ class AlertEvent:
             head
             + (f"; {siblings}" if siblings else "")
             + f" (rule {self.rule}: {self.sample_count} scored results over the last"
-            f" {self.window_seconds:g}s, drop {self.drop:.3f} {self._vs_threshold()},"
+            f" {self.window_seconds:g}s, {self._vs_threshold(f'drop {self.drop:.3f}')},"
             f" p={self.p_value:.2g})"
         )
 
@@ -161,7 +167,7 @@ class AlertEvent:
             f" {self.window_mean:.2f} ({self.sample_count} scored results) against"
             f" {self.against} at {self.baseline:.2f} ({self.baseline_sample_count} scored"
             f" results) over the last {self.window_seconds:g}s, {self.drop:.3f} lower (rule"
-            f" {self.rule}: drop {self._vs_threshold()}, p={self.p_value:.2g})"
+            f" {self.rule}: {self._vs_threshold()}, p={self.p_value:.2g})"
         )
 
     def to_dict(self) -> dict[str, Any]:
