@@ -216,9 +216,8 @@ class SoakOptions:
     settle: float = 180.0
     rate: float = 2.0
     judge_delay: float = 1.0
-    #: ``carrier``: ``attach: carrier``, every result on a carrier (trace_timeout well
-    #: above the judge's delay: with ``attach: carrier`` a metric still running at
-    #: trace_timeout is recorded as a timeout, late_results or not).  ``late``:
+    #: ``carrier``: ``attach: carrier``, every result on one carrier (trace_timeout
+    #: well above the judge's delay, so that no result is late).  ``late``:
     #: ``attach: span`` and ``late_results: carrier`` with the judge slower than
     #: ``trace_timeout``: the trace goes out with its fast metric, the judge's score
     #: follows on a carrier.
