@@ -93,7 +93,11 @@ def _copy(trace: AssembledTrace) -> AssembledTrace:
             spans.append(copy)
         groups.append(
             SpanGroup(
-                group.resource, group.resource_schema_url, group.scope, group.scope_schema_url, spans
+                group.resource,
+                group.resource_schema_url,
+                group.scope,
+                group.scope_schema_url,
+                spans,
             )
         )
     return AssembledTrace(trace.trace_id, groups, ReleaseReason.READY, 0.0, 0.0, True)
