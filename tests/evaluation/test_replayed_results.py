@@ -12,6 +12,7 @@ a carrier span, and a judge still slower than ``trace_timeout`` must be let fini
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from ragtrace import semconv
@@ -76,30 +77,18 @@ class _Log:
         self.unpinned += 1
 
     def _results(self, trace: AssembledTrace, spans: list[Span]) -> None:
-        for span in spans:
-            copy = Span()
-            copy.CopyFrom(span)
-            self.results.append(copy)
+        self.results += [_span_copy(s) for s in spans]
+
+
+def _span_copy(span: Span) -> Span:
+    copy = Span()
+    copy.CopyFrom(span)
+    return copy
 
 
 def _copy(trace: AssembledTrace) -> AssembledTrace:
     """The trace as its log entry holds it (before evaluation wrote on it)."""
-    groups = []
-    for group in trace.groups:
-        spans = []
-        for span in group.spans:
-            copy = Span()
-            copy.CopyFrom(span)
-            spans.append(copy)
-        groups.append(
-            SpanGroup(
-                group.resource,
-                group.resource_schema_url,
-                group.scope,
-                group.scope_schema_url,
-                spans,
-            )
-        )
+    groups = [replace(g, spans=[_span_copy(s) for s in g.spans]) for g in trace.groups]
     return AssembledTrace(trace.trace_id, groups, ReleaseReason.READY, 0.0, 0.0, True)
 
 
