@@ -129,11 +129,15 @@ async def test_a_replayed_trace_whose_fast_result_was_logged_gets_its_late_score
     replayed = _Forwarded()
     again.submit(entry, replayed)
     await replayed.wait_for(1)
+    # The trace is the exporters' once forwarded: nothing may write on it after.
+    as_forwarded = [span.SerializeToString() for span, _ in entry.spans()]
     for _ in range(100):  # bounded: 5 s
         if log.unpinned:
             break
         await asyncio.sleep(0.05)
     await again.drain()
+    assert replayed.traces == [entry]
+    assert [span.SerializeToString() for span, _ in entry.spans()] == as_forwarded
 
     assert judge.asked == 1
     assert log.unpinned == 1, "the hold was released once its outputs were logged"

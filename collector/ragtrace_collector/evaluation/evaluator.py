@@ -568,9 +568,10 @@ class OnlineEvaluator(Component):
             summary = self._summary(job, outcome, latency_ms)
             total_usd += summary.cost_usd or 0.0
             self._record(outcome, job)
-            if carrier_mode and (outcome.results or not any(o is outcome for o, _ in late)):
-                # (no carrier yet for a case whose every metric is late)
-                self._forward_carrier(job, outcome.built, outcome.results, summary)
+            if carrier_mode:
+                if outcome.results or not any(o is outcome for o, _ in late):
+                    # (a case whose every metric is late has no carrier yet)
+                    self._forward_carrier(job, outcome.built, outcome.results, summary)
             else:
                 enrich_span(
                     outcome.built.span,
