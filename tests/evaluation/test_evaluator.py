@@ -293,6 +293,42 @@ async def test_trace_timeout_with_late_results_on_carrier_span() -> None:
     await ev.drain()
 
 
+async def test_attach_carrier_with_late_results_sends_a_late_carrier() -> None:
+    """``attach: carrier`` and ``late_results: carrier``: what is done by
+    ``trace_timeout`` goes on one carrier, the judge's late result on another (not
+    cut off as a timeout)."""
+
+    class _SlowJudge(_HangingJudge):
+        async def ask(self, task: JudgeTask[Any]) -> JudgeAnswer[Any]:
+            await asyncio.sleep(0.6)
+            return await OfflineJudge().ask(task)
+
+    ev = _evaluator(
+        metrics={"contextual_relevancy": MetricOptions(), "id_context_recall": MetricOptions()},
+        judge=_SlowJudge(),
+        enrichment=EnrichmentConfig(attach="carrier"),
+        metric_timeout=10.0,
+        trace_timeout=0.2,
+        late_results="carrier",
+    )
+    ev.start()
+    fwd = _Forwarded()
+    trace = _trace(retrieved=["a"], reference=["a"], contents={"a": "Reset your password."})
+    ev.submit(trace, fwd)
+    await fwd.wait_for(3)
+    first, on_time, late = fwd.traces
+    assert first is trace
+    [(carrier, _)] = list(on_time.spans())
+    attrs = attributes_to_dict(carrier.attributes)
+    assert attrs["ragtrace.eval.id_context_recall.score"] == 1.0
+    assert not any(k.startswith("ragtrace.eval.contextual_relevancy.") for k in attrs)
+    [(carrier, _)] = list(late.spans())
+    attrs = attributes_to_dict(carrier.attributes)
+    assert "ragtrace.eval.contextual_relevancy.score" in attrs
+    assert "ragtrace.eval.contextual_relevancy.error" not in attrs
+    await ev.drain()
+
+
 async def test_attach_carrier_forwards_original_immediately() -> None:
     ev = _evaluator(enrichment=EnrichmentConfig(attach="carrier"))
     ev.start()
