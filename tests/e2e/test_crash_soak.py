@@ -1,4 +1,4 @@
-"""The crash soak, short: a few SIGKILLs and SIGTERMs of a real collector with the
+"""The crash soak, short: a SIGKILL or a SIGTERM of a real collector with the
 write-ahead log, carriers or late results, a flapping backend and a flapping
 Phoenix-like annotation endpoint (``tests/e2e/_soak.py``; the long version is
 ``benchmarks/crash_soak.py``).
@@ -20,25 +20,25 @@ from tests.e2e._soak import SoakOptions, run_replay_stop, run_soak
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-#: The suite's soak: the smallest that still shows the promise.  A SIGKILL while
-#: traces are being sent (results in flight), then a SIGTERM after the replay (what
-#: was settled at that clean stop must not be judged again), then the last start.
-#: The long runs (many kills, hundreds of traces) are ``benchmarks/crash_soak.py``.
+#: The suite's soak: the smallest that still shows the promise, two collector starts
+#: a test (a start costs seconds: litellm's import).  A stop (SIGKILL while traces are
+#: being sent and results are in flight, or SIGTERM), then the last start with both
+#: backends up.  The long runs (many stops, hundreds of traces) are
+#: ``benchmarks/crash_soak.py``.
 _TRACES = 12
-_STOPS = ("SIGKILL", "SIGTERM")
 
 
-def _soak(tmp_path: Path, mode: str, seed: int) -> dict[str, object]:
+def _soak(tmp_path: Path, mode: str, stop: str) -> dict[str, object]:
     opts = SoakOptions(
         workdir=tmp_path,
         traces=_TRACES,
-        kills=len(_STOPS),
-        seed=seed,
+        kills=1,
+        seed=27,
         duration=200,
         settle=90,
         rate=4.0,
         mode=mode,
-        signals=_STOPS,
+        signals=(stop,),
         run_s=(2.5, 3.5),
         processes=0,
     )
@@ -52,7 +52,7 @@ class ScoresLost(AssertionError):
 
 
 def _check(figures: dict[str, object]) -> None:
-    assert figures["kills"] == len(_STOPS)
+    assert figures["kills"] == 1
     assert figures["acknowledged"] == _TRACES
     assert figures["unexpected_answers"] == []
     assert figures["lost"] == 0
@@ -62,22 +62,24 @@ def _check(figures: dict[str, object]) -> None:
         raise ScoresLost(f"{figures['scores_lost']} acknowledged traces got no score")
 
 
-def test_a_few_kills_with_carriers_lose_nothing_and_rejudge_nothing_settled(
+def test_a_clean_stop_with_carriers_loses_nothing_and_rejudges_nothing_settled(
     tmp_path: Path,
 ) -> None:
-    """``attach: carrier``: every result follows its trace on a carrier."""
-    _check(_soak(tmp_path, "carrier", seed=27))
+    """``attach: carrier``: every result follows its trace on a carrier.  A SIGTERM
+    while the backend flaps: entries settled above one still held at the stop must
+    come back settled (neither sent nor judged again), and nothing is lost."""
+    figures = _soak(tmp_path, "carrier", "SIGTERM")
+    _check(figures)
+    assert figures["sigterm_exit_codes"] == [0]
 
 
-def test_a_few_kills_with_late_results_lose_nothing_and_rejudge_nothing_settled(
-    tmp_path: Path,
-) -> None:
+def test_a_kill_with_late_results_in_flight_loses_no_score(tmp_path: Path) -> None:
     """``late_results: carrier``, the judge slower than ``trace_timeout``: traces go
-    out with their fast metric, the judge's score follows on a carrier.  The first
-    stop is a SIGKILL while traces are being sent, so late results are in
-    flight: at the restart the replayed trace has its fast metric restored and runs in
-    carrier mode, where the judge must still be let finish (issue 27, defect 2)."""
-    _check(_soak(tmp_path, "late", seed=27))
+    out with their fast metric, the judge's score follows on a carrier.  A SIGKILL
+    while traces are being sent, so late results are in flight: at the restart a
+    replayed trace has its fast metric restored and runs in carrier mode, where the
+    judge must still be let finish (issue 27, defect 2: 2 of 12 scores lost before)."""
+    _check(_soak(tmp_path, "late", "SIGKILL"))
 
 
 def test_a_clean_stop_after_a_replay_loses_nothing(tmp_path: Path) -> None:
