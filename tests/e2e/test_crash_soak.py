@@ -66,8 +66,8 @@ def test_a_clean_stop_with_carriers_loses_nothing_and_rejudges_nothing_settled(
     tmp_path: Path,
 ) -> None:
     """``attach: carrier``: every result follows its trace on a carrier.  A SIGTERM
-    while the backend flaps: entries settled above one still held at the stop must
-    come back settled (neither sent nor judged again), and nothing is lost."""
+    while the backend flaps: a trace settled at the stop (both exporters have it and
+    its score) is not judged again at the next start, and nothing is lost."""
     figures = _soak(tmp_path, "carrier", "SIGTERM")
     _check(figures)
     assert figures["sigterm_exit_codes"] == [0]
