@@ -260,19 +260,37 @@ async def test_metric_timeout_records_error_timeout() -> None:
     await ev.drain()
 
 
-async def test_trace_timeout_with_late_results_on_carrier_span() -> None:
-    class _SlowJudge(_HangingJudge):
-        async def ask(self, task: JudgeTask[Any]) -> JudgeAnswer[Any]:
-            await asyncio.sleep(0.6)
-            return await OfflineJudge().ask(task)
+class _SlowJudge(_HangingJudge):
+    """Answers (as the offline judge), but only after ``delay`` seconds."""
 
-    ev = _evaluator(
-        metrics={"contextual_relevancy": MetricOptions(), "id_context_recall": MetricOptions()},
-        judge=_SlowJudge(),
+    def __init__(self, delay: float = 0.6) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def ask(self, task: JudgeTask[Any]) -> JudgeAnswer[Any]:
+        self.started += 1
+        await asyncio.sleep(self.delay)
+        return await OfflineJudge().ask(task)
+
+
+#: A fast metric and an LLM-judge one.
+_FAST_AND_JUDGED = {"contextual_relevancy": MetricOptions(), "id_context_recall": MetricOptions()}
+
+
+def _late_evaluator(judge: Any, **config: Any) -> OnlineEvaluator:
+    """``late_results: carrier`` with ``trace_timeout`` shorter than ``judge``'s delay."""
+    return _evaluator(
+        metrics=_FAST_AND_JUDGED,
+        judge=judge,
         metric_timeout=10.0,
         trace_timeout=0.2,
         late_results="carrier",
+        **config,
     )
+
+
+async def test_trace_timeout_with_late_results_on_carrier_span() -> None:
+    ev = _late_evaluator(_SlowJudge())
     ev.start()
     fwd = _Forwarded()
     trace = _trace(retrieved=["a"], reference=["a"], contents={"a": "Reset your password."})
@@ -303,14 +321,7 @@ async def test_attach_carrier_with_late_results_sends_a_late_carrier() -> None:
             await asyncio.sleep(0.6)
             return await OfflineJudge().ask(task)
 
-    ev = _evaluator(
-        metrics={"contextual_relevancy": MetricOptions(), "id_context_recall": MetricOptions()},
-        judge=_SlowJudge(),
-        enrichment=EnrichmentConfig(attach="carrier"),
-        metric_timeout=10.0,
-        trace_timeout=0.2,
-        late_results="carrier",
-    )
+    ev = _late_evaluator(_SlowJudge(), enrichment=EnrichmentConfig(attach="carrier"))
     ev.start()
     fwd = _Forwarded()
     trace = _trace(retrieved=["a"], reference=["a"], contents={"a": "Reset your password."})

@@ -18,39 +18,20 @@ from typing import Any
 from ragtrace import semconv
 from ragtrace_collector.assembly.assembler import AssembledTrace, ReleaseReason
 from ragtrace_collector.evaluation.enrichment import is_carrier
-from ragtrace_collector.judges.base import JudgeAnswer, JudgeTask
-from ragtrace_collector.judges.offline import OfflineJudge
-from ragtrace_collector.metrics import MetricOptions
 from ragtrace_collector.otlp.codec import Span, SpanGroup
 from ragtrace_collector.otlp.spanattrs import attributes_to_dict
 from ragtrace_collector.storage.outputs import Hold, OutputLedger
 from tests.evaluation.test_evaluator import (
-    _evaluator,
     _Forwarded,
     _HangingJudge,
+    _late_evaluator,
     _rag_attrs,
+    _SlowJudge,
     _trace,
 )
 
 _JUDGED = "contextual_relevancy"  # an LLM-judge metric
 _FAST = "id_context_recall"  # scored at once
-_METRICS = {_JUDGED: MetricOptions(), _FAST: MetricOptions()}
-
-
-class _SlowJudge:
-    """Answers, but later than ``trace_timeout``."""
-
-    model = "openai/slow"
-    heuristic = False
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-        self.asked = 0
-
-    async def ask(self, task: JudgeTask[Any]) -> JudgeAnswer[Any]:
-        self.asked += 1
-        await asyncio.sleep(self.delay)
-        return await OfflineJudge().ask(task)
 
 
 class _Log:
@@ -93,18 +74,13 @@ def _copy(trace: AssembledTrace) -> AssembledTrace:
 
 
 async def test_a_replayed_trace_whose_fast_result_was_logged_gets_its_late_score() -> None:
-    config: dict[str, Any] = {
-        "metric_timeout": 10.0,
-        "trace_timeout": 0.2,
-        "late_results": "carrier",
-    }
     original = _trace(retrieved=["a"], reference=["a"], contents={"a": "Reset your password."})
     entry = _copy(original)
 
     # First run: the fast result is logged with the span, the trace goes out, and the
     # process dies before the judge answers (the drain is cut off, as by a kill).
     first_log = _Log(reached=False)
-    first = _evaluator(metrics=_METRICS, judge=_HangingJudge(), **config)
+    first = _late_evaluator(_HangingJudge())
     first.use_ledger(first_log.ledger)
     first.start()
     forwarded = _Forwarded()
@@ -123,7 +99,7 @@ async def test_a_replayed_trace_whose_fast_result_was_logged_gets_its_late_score
     log = _Log(reached=True)
     log.ledger.found([SpanGroup(None, "", None, "", first_log.results)], is_carrier)
     judge = _SlowJudge(delay=0.6)  # still slower than trace_timeout
-    again = _evaluator(metrics=_METRICS, judge=judge, **config)
+    again = _late_evaluator(judge)
     again.use_ledger(log.ledger)
     again.start()
     replayed = _Forwarded()
@@ -139,7 +115,7 @@ async def test_a_replayed_trace_whose_fast_result_was_logged_gets_its_late_score
     assert replayed.traces == [entry]
     assert [span.SerializeToString() for span, _ in entry.spans()] == as_forwarded
 
-    assert judge.asked == 1
+    assert judge.started == 1
     assert log.unpinned == 1, "the hold was released once its outputs were logged"
     scores: dict[str, Any] = {}
     for carrier_trace in log.carriers:
