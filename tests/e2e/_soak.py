@@ -216,16 +216,21 @@ class SoakOptions:
     settle: float = 180.0
     rate: float = 2.0
     judge_delay: float = 1.0
-    #: ``carrier``: ``attach: carrier``, every result on a carrier (trace_timeout well
-    #: above the judge's delay: with ``attach: carrier`` a metric still running at
-    #: trace_timeout is recorded as a timeout, late_results or not).  ``late``:
+    #: ``carrier``: ``attach: carrier``, every result on one carrier (trace_timeout
+    #: well above the judge's delay, so that no result is late).  ``late``:
     #: ``attach: span`` and ``late_results: carrier`` with the judge slower than
     #: ``trace_timeout``: the trace goes out with its fast metric, the judge's score
     #: follows on a carrier.
     mode: str = "late"
     trace_timeout: float = 0.5
     max_buffered_spans: int = 20
+    #: ``evaluation.processes`` (None: the default pool; 0: no worker processes, a
+    #: faster start, for the short soak in the suite).
+    processes: int | None = None
     sigterm_share: float = 0.4
+    #: The stops in order (``SIGKILL``/``SIGTERM``, cycled), instead of drawing each
+    #: with ``sigterm_share``.
+    signals: tuple[str, ...] = ()
     #: How long each collector runs before it is stopped, seconds (uniform).
     run_s: tuple[float, float] = (1.0, 5.0)
     up_s: tuple[float, float] = (1.0, 4.0)
@@ -242,6 +247,7 @@ def soak_config(
     max_buffered_spans: int,
     attach: str = "carrier",
     max_batch_spans: int | None = None,
+    processes: int | None = None,
 ) -> dict[str, Any]:
     """The soak's collector: log on, results on carriers (``attach: carrier``) or late
     results on carriers (``attach: span``, ``late_results: carrier``), two exporters."""
@@ -273,6 +279,7 @@ def soak_config(
             "metric_timeout": 60,
             "trace_timeout": trace_timeout,
             "late_results": "carrier",
+            **({} if processes is None else {"processes": processes}),
         },
         metrics=metrics,
         shutdown={"flush_timeout": "2s", "receiver_grace": "1s"},
@@ -373,6 +380,7 @@ def run_soak(opts: SoakOptions, say: Any = print) -> dict[str, Any]:
             else max(5.0, 5 * opts.judge_delay),
             max_buffered_spans=opts.max_buffered_spans,
             attach="span" if opts.mode == "late" else "carrier",
+            processes=opts.processes,
         )
         flapper = _Flapper(sink, phoenix, random.Random(opts.seed + 1), opts)
         sender = _Sender(opts.traces, opts.rate, deadline)
@@ -389,7 +397,11 @@ def run_soak(opts: SoakOptions, say: Any = print) -> dict[str, Any]:
                 try:
                     sender.endpoint = serve.endpoints["otlp_http"]
                     time.sleep(rng.uniform(*opts.run_s))
-                    how = signal.SIGTERM if rng.random() < opts.sigterm_share else signal.SIGKILL
+                    drawn = rng.random() < opts.sigterm_share
+                    if opts.signals:
+                        how = signal.Signals[opts.signals[k % len(opts.signals)]]
+                    else:
+                        how = signal.SIGTERM if drawn else signal.SIGKILL
                     code = _stop(serve, how)
                 finally:
                     serve.kill()

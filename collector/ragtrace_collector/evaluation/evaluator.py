@@ -45,7 +45,8 @@ With ``enrichment.attach: carrier`` the trace is forwarded as soon as it is samp
 and the results follow on a carrier span.  With ``attach: span`` (the default), a
 metric still running at ``trace_timeout`` is written as ``.error = "timeout"`` and the
 trace goes on; ``late_results: carrier`` lets such a metric finish and sends its
-result on a carrier span instead.
+result on a carrier span instead.  So it does in carrier mode: there the metrics done
+by ``trace_timeout`` go on one carrier and the late ones follow on another.
 
 With a write-ahead log (``storage.directory``) the pipeline hands the evaluator its
 ledger of outputs (:meth:`OnlineEvaluator.use_ledger`): a trace whose results follow
@@ -552,7 +553,8 @@ class OnlineEvaluator(Component):
                     continue
                 for name in item.names:
                     self._telemetry.eval_timeouts.labels(name).inc()
-                if self.config.late_results == "carrier" and not carrier_mode:
+                # Let it finish, in carrier mode too (a replayed trace runs in it).
+                if self.config.late_results == "carrier":
                     late.append((outcome, item))
                 else:
                     item.future.cancel()
@@ -567,7 +569,9 @@ class OnlineEvaluator(Component):
             total_usd += summary.cost_usd or 0.0
             self._record(outcome, job)
             if carrier_mode:
-                self._forward_carrier(job, outcome.built, outcome.results, summary)
+                if outcome.results or not any(o is outcome for o, _ in late):
+                    # (a case whose every metric is late has no carrier yet)
+                    self._forward_carrier(job, outcome.built, outcome.results, summary)
             else:
                 enrich_span(
                     outcome.built.span,
