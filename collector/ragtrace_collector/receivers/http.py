@@ -309,6 +309,7 @@ class HttpReceiver(Component):
         # The rate bound comes before the body is read: a flood costs no memory.
         wait = self._bucket.take(asyncio.get_running_loop().time())
         if wait > 0:
+            self._feedback.invalid("rate_limited")
             answer = self._feedback_error(
                 429,
                 "rate_limited",
