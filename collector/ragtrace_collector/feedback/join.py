@@ -1,0 +1,616 @@
+"""The join of user feedback to the scores of its request.
+
+The collector keeps, per trace id, a :class:`JoinEntry`: the scores of the request
+(service, metric -> score and the metric's pass threshold), the request's segment
+values, and the feedback given on it (one per :attr:`Feedback.key`, the upsert key).
+Scores and feedback may come in either order: feedback that arrives first waits for
+the scores (a *pending* entry); whichever side comes second finds the other.  What to
+do with a joined entry (the pairs) is the caller's: the store only keeps entries.
+
+**Bounds.**  An entry is held ``feedback.window`` from when its side began: from its
+first score for an evaluated request (a *scored* entry), from its first feedback for a
+pending one.  At most ``max_requests`` scored entries and ``max_pending`` pending ones
+are held; beyond either, the oldest of that side goes first (counted).  An entry holds
+at most :data:`MAX_FEEDBACK_PER_REQUEST` feedback keys; a new key beyond that is refused
+(:class:`Refused`).  So memory is bounded by the entry counts.
+
+**Backends**, behind one :class:`JoinStore` protocol:
+
+* :class:`MemoryJoinStore`: in this process.  With storage on
+  (``storage.directory``) every write also goes to a SQLite file,
+  ``feedback-join.sqlite`` in that directory (WAL journal), before the call returns;
+  the file is read back at start.  SQLite runs on one thread of its own; the event loop
+  only waits for it.
+* :class:`RedisJoinStore`: shared by every replica (``session_store.backend: redis``):
+  any replica's feedback joins any replica's scores.  One hash per trace, expiring
+  after ``window``, and one sorted set per side for the entry bounds; every write is
+  one Lua script, so it is atomic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sqlite3
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+
+from ragtrace_collector.component import Component, Status
+from ragtrace_collector.feedback.config import MAX_FEEDBACK_PER_REQUEST, FeedbackConfig
+from ragtrace_collector.feedback.record import Feedback, UpsertKey
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from ragtrace_collector.stores.session import SessionStoreConfig
+
+__all__ = [
+    "SQLITE_FILE",
+    "DropListener",
+    "FeedbackJoined",
+    "JoinEntry",
+    "JoinStore",
+    "JoinStoreError",
+    "MemoryJoinStore",
+    "RedisJoinStore",
+    "Refused",
+    "ScoreKey",
+    "create_join_store",
+]
+
+#: The join's file in ``storage.directory``.
+SQLITE_FILE: Final = "feedback-join.sqlite"
+
+#: (service, metric)
+ScoreKey = tuple[str, str]
+#: (score, the metric's pass threshold)
+Score = tuple[float, float | None]
+#: What was dropped: ``scores`` (an evaluated request evicted), ``pending`` (feedback
+#: waiting for scores, evicted), ``expired`` (feedback that waited a whole window).
+DropKind = Literal["scores", "pending", "expired"]
+#: Called with what was dropped and how many feedback (or requests, for ``scores``).
+DropListener = Callable[[DropKind, int], None]
+
+
+class JoinStoreError(Exception):
+    """The join's backend failed (SQLite or Redis)."""
+
+
+class Refused(Exception):
+    """The feedback cannot be held; ``reason`` is a short label for the counter."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class JoinEntry:
+    """What the join holds for one trace."""
+
+    trace_id: str
+    #: Unix seconds when the entry's side began (first score, else first feedback).
+    since: float
+    #: Whether scores came (the entry counts against ``max_requests``).
+    scored: bool = False
+    labels: tuple[str, ...] = ()
+    scores: dict[ScoreKey, Score] = field(default_factory=dict)
+    feedback: dict[UpsertKey, Feedback] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FeedbackJoined:
+    """The answer to :meth:`JoinStore.add_feedback`."""
+
+    #: The entry after the write (its scores are those the feedback joins).
+    entry: JoinEntry
+    #: Whether a feedback with the same key was already held (this one replaced it).
+    replaced: bool
+
+
+class JoinStore(Protocol):
+    """Per-trace scores and feedback; every method is atomic against the others."""
+
+    async def start(self) -> None:
+        """Open the backend (and read back what was held before a restart)."""
+        ...
+
+    async def add_score(
+        self,
+        trace_id: str,
+        key: ScoreKey,
+        score: Score,
+        labels: tuple[str, ...],
+        at: float,
+    ) -> JoinEntry:
+        """Hold one score of an evaluated request (a repeat replaces it); return the
+        entry, with the feedback it joins."""
+        ...
+
+    async def add_feedback(self, feedback: Feedback, at: float) -> FeedbackJoined:
+        """Hold ``feedback`` (a repeat of its key replaces the earlier one); return the
+        entry, with the scores it joins.  Raises :class:`Refused` when the entry holds
+        too many feedback keys already; returns only once the write is as durable as
+        the backend makes it."""
+        ...
+
+    def held(self) -> tuple[int, int]:
+        """(scored entries, pending entries) held, as last known."""
+        ...
+
+    async def expire(self, now: float) -> None:
+        """Drop what is older than the window (reported to the drop listener)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def create_join_store(
+    config: FeedbackConfig,
+    *,
+    directory: Path | None = None,
+    synchronous: Literal["FULL", "NORMAL"] = "FULL",
+    session_store: SessionStoreConfig | None = None,
+    on_drop: DropListener | None = None,
+    clock: Callable[[], float] = time.time,
+) -> MemoryJoinStore | RedisJoinStore:
+    """The backend for this configuration: Redis when the session store is in Redis
+    (replicas share it), else in memory, kept in SQLite under ``directory`` if set."""
+    if session_store is not None and session_store.backend == "redis":
+        return RedisJoinStore(config, session_store, on_drop=on_drop, clock=clock)
+    return MemoryJoinStore(
+        config, directory=directory, synchronous=synchronous, on_drop=on_drop, clock=clock
+    )
+
+
+def _ignore_drop(kind: DropKind, count: int) -> None:
+    return None
+
+
+# ------------------------------------------------------------------- encoding
+# One encoding of a feedback for both durable backends (SQLite rows, Redis fields).
+
+
+def _feedback_json(feedback: Feedback) -> str:
+    return json.dumps(
+        [
+            feedback.trace_id,
+            feedback.span_id,
+            feedback.name,
+            feedback.value,
+            feedback.value_type,
+            feedback.comment,
+            feedback.user_id,
+            feedback.correction,
+            feedback.service,
+            feedback.time_unix_nano,
+        ],
+        separators=(",", ":"),
+    )
+
+
+def _feedback_from_json(text: str | bytes) -> Feedback | None:
+    """A feedback read back from a backend (untrusted: a bad one is None)."""
+    try:
+        row = json.loads(text)
+        trace_id, span_id, name, value, value_type, comment, user_id, correction, svc, at = row
+        number = float(value)
+        if not (
+            isinstance(trace_id, str)
+            and isinstance(name, str)
+            and math.isfinite(number)
+            and 0.0 <= number <= 1.0
+            and isinstance(value_type, str)
+            and isinstance(svc, str)
+            and isinstance(at, int)
+            and all(
+                v is None or isinstance(v, str) for v in (span_id, comment, user_id, correction)
+            )
+        ):
+            return None
+    except (ValueError, TypeError):
+        return None
+    return Feedback(
+        trace_id=trace_id,
+        span_id=span_id,
+        name=name,
+        value=number,
+        value_type=value_type,
+        comment=comment,
+        user_id=user_id,
+        correction=correction,
+        service=svc,
+        time_unix_nano=at,
+    )
+
+
+def _optional_str(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _score_from_json(text: str | bytes) -> Score | None:
+    try:
+        score, threshold = json.loads(text)
+        value = float(score)
+        limit = None if threshold is None else float(threshold)
+    except (ValueError, TypeError):
+        return None
+    if not math.isfinite(value) or (limit is not None and not math.isfinite(limit)):
+        return None
+    return value, limit
+
+
+def _labels_from_json(text: str | bytes) -> tuple[str, ...]:
+    try:
+        labels = json.loads(text)
+    except ValueError:
+        return ()
+    if isinstance(labels, list) and all(isinstance(v, str) for v in labels):
+        return tuple(labels)
+    return ()
+
+
+# --------------------------------------------------------------------- memory
+
+
+class MemoryJoinStore(Component):
+    """The join in this process: two insertion-ordered maps (scored, pending), each
+    bounded, oldest first; optionally kept in SQLite (see :class:`_Journal`)."""
+
+    component_name = "feedback_join"
+
+    def __init__(
+        self,
+        config: FeedbackConfig,
+        *,
+        directory: Path | None = None,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        on_drop: DropListener | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._window = config.window
+        self._max_requests = config.max_requests
+        self._max_pending = config.max_pending
+        self._on_drop = on_drop or _ignore_drop
+        self._clock = clock
+        #: trace id -> entry, oldest ``since`` first (an entry moves here from pending
+        #: when its first score comes, with a new ``since``).
+        self._scored: OrderedDict[str, JoinEntry] = OrderedDict()
+        self._pending: OrderedDict[str, JoinEntry] = OrderedDict()
+        self._journal = (
+            _Journal(directory / SQLITE_FILE, synchronous) if directory is not None else None
+        )
+
+    @property
+    def path(self) -> Path | None:
+        return self._journal.path if self._journal is not None else None
+
+    async def start(self) -> None:
+        if self._journal is not None:
+            try:
+                rows = await self._journal.run(_Journal.load, self._clock() - self._window)
+            except (sqlite3.Error, OSError) as exc:
+                self.report(Status.PERMANENT_ERROR, f"cannot open the join's file: {exc}")
+                raise JoinStoreError(f"feedback join ({self._journal.path}): {exc}") from exc
+            self._restore(rows)
+        self.report(Status.OK)
+
+    def _restore(self, rows: _Rows) -> None:
+        """The entries of a previous run, oldest first, then the bounds applied."""
+        entries: dict[str, JoinEntry] = {}
+        for trace_id, since, scored, labels in rows.entries:
+            entries[trace_id] = JoinEntry(trace_id, since, bool(scored), _labels_from_json(labels))
+        for trace_id, service, metric, score_json in rows.scores:
+            entry = entries.get(trace_id)
+            score = _score_from_json(score_json)
+            if entry is not None and score is not None:
+                entry.scores[(service, metric)] = score
+        for trace_id, body in rows.feedback:
+            entry = entries.get(trace_id)
+            feedback = _feedback_from_json(body)
+            if entry is not None and feedback is not None and feedback.trace_id == trace_id:
+                entry.feedback[feedback.key] = feedback
+        for entry in sorted(entries.values(), key=lambda e: e.since):
+            if entry.scored:
+                self._scored[entry.trace_id] = entry
+            elif entry.feedback:
+                self._pending[entry.trace_id] = entry
+        self._trim(self._clock())
+
+    def held(self) -> tuple[int, int]:
+        return len(self._scored), len(self._pending)
+
+    def entry(self, trace_id: str) -> JoinEntry | None:
+        """The entry held for ``trace_id`` (expired ones may linger until the next write)."""
+        return self._scored.get(trace_id) or self._pending.get(trace_id)
+
+    async def add_score(
+        self,
+        trace_id: str,
+        key: ScoreKey,
+        score: Score,
+        labels: tuple[str, ...],
+        at: float,
+    ) -> JoinEntry:
+        entry = self._scored.get(trace_id)
+        first = entry is None
+        if entry is None:
+            entry = self._pending.pop(trace_id, None)
+            if entry is None:
+                entry = JoinEntry(trace_id, at)
+            entry.since, entry.scored = at, True
+            self._scored[trace_id] = entry
+        entry.scores[key] = score
+        entry.labels = labels
+        dropped = self._trim(at)
+        if self._journal is not None:
+            ops: list[_Op] = [(_Journal.put_score, (trace_id, key, score))]
+            if first:
+                ops.append((_Journal.put_entry, (entry,)))
+            elif labels:
+                ops.append((_Journal.put_labels, (trace_id, labels)))
+            if dropped:
+                ops.append((_Journal.delete, (dropped,)))
+            await self._write(ops)
+        return _copy(entry)
+
+    async def add_feedback(self, feedback: Feedback, at: float) -> FeedbackJoined:
+        trace_id = feedback.trace_id
+        entry = self._scored.get(trace_id) or self._pending.get(trace_id)
+        replaced = entry is not None and feedback.key in entry.feedback
+        if entry is not None and not replaced and len(entry.feedback) >= MAX_FEEDBACK_PER_REQUEST:
+            raise Refused("too many feedback for one request")
+        first = entry is None
+        if entry is None:
+            entry = self._pending[trace_id] = JoinEntry(trace_id, at)
+        entry.feedback[feedback.key] = feedback
+        dropped = self._trim(at)
+        if self._journal is not None:
+            ops: list[_Op] = [(_Journal.put_feedback, (feedback,))]
+            if first:
+                ops.insert(0, (_Journal.put_entry, (entry,)))
+            if dropped:
+                ops.append((_Journal.delete, (dropped,)))
+            await self._write(ops)
+        return FeedbackJoined(_copy(entry), replaced)
+
+    async def expire(self, now: float) -> None:
+        dropped = self._trim(now)
+        if dropped and self._journal is not None:
+            await self._write([(_Journal.delete, (dropped,))])
+
+    def _trim(self, now: float) -> list[str]:
+        """Drop the expired entries and those over the bounds; the trace ids dropped."""
+        dropped: list[str] = []
+        cutoff = now - self._window
+        for side, bound in ((self._scored, self._max_requests), (self._pending, self._max_pending)):
+            expired = evicted = 0
+            while side:
+                trace_id, oldest = next(iter(side.items()))
+                if oldest.since > cutoff and len(side) <= bound:
+                    break
+                del side[trace_id]
+                dropped.append(trace_id)
+                if oldest.since <= cutoff:
+                    expired += len(oldest.feedback)
+                else:
+                    evicted += len(oldest.feedback) if side is self._pending else 1
+            if side is self._pending:
+                if expired:
+                    self._on_drop("expired", expired)
+                if evicted:
+                    self._on_drop("pending", evicted)
+            elif evicted:
+                self._on_drop("scores", evicted)
+        return dropped
+
+    async def _write(self, ops: list[_Op]) -> None:
+        assert self._journal is not None
+        try:
+            await self._journal.write(ops)
+        except (sqlite3.Error, OSError) as exc:
+            self.report(Status.RECOVERABLE_ERROR, f"cannot write the join's file: {exc}")
+            raise JoinStoreError(f"feedback join ({self._journal.path}): {exc}") from exc
+        self.report_ok()
+
+    async def close(self) -> None:
+        if self._journal is not None:
+            await self._journal.close()
+        self.report(Status.STOPPED)
+
+
+def _copy(entry: JoinEntry) -> JoinEntry:
+    """A snapshot the caller may read after the next write changed the entry."""
+    return replace(entry, scores=dict(entry.scores), feedback=dict(entry.feedback))
+
+
+# ----------------------------------------------------------------- sqlite
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    entries: list[tuple[str, float, int, str]]
+    scores: list[tuple[str, str, str, str]]
+    feedback: list[tuple[str, str]]
+
+
+#: One write: a method of :class:`_Journal` and its arguments, run on its thread.
+_Op = tuple[Callable[..., None], tuple[Any, ...]]
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS entries (
+  trace_id TEXT PRIMARY KEY, since REAL NOT NULL, scored INTEGER NOT NULL, labels TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS scores (
+  trace_id TEXT NOT NULL, service TEXT NOT NULL, metric TEXT NOT NULL, score TEXT NOT NULL,
+  PRIMARY KEY (trace_id, service, metric)
+);
+CREATE TABLE IF NOT EXISTS feedback (
+  trace_id TEXT NOT NULL, name TEXT NOT NULL, user_id TEXT NOT NULL, body TEXT NOT NULL,
+  PRIMARY KEY (trace_id, name, user_id)
+);
+CREATE INDEX IF NOT EXISTS entries_since ON entries (since);
+"""
+
+
+class _Journal:
+    """The SQLite copy of a :class:`MemoryJoinStore`.
+
+    One connection, used only by one worker thread.  Writes queued while a commit runs
+    go together in the next transaction (group commit), so the event loop never waits
+    on SQLite and a burst of feedback costs one fsync per group, not per feedback.
+    """
+
+    def __init__(self, path: Path, synchronous: Literal["FULL", "NORMAL"]) -> None:
+        self.path = path
+        self._synchronous = synchronous
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="feedback-join")
+        self._db: sqlite3.Connection | None = None
+        self._queue: list[tuple[list[_Op], asyncio.Future[None]]] = []
+        self._flushing = False
+        self._flushed = asyncio.Event()
+        self._flushed.set()
+        self._thread_lock = threading.Lock()
+
+    async def run(self, method: Callable[..., _Rows], *args: Any) -> _Rows:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, method, self, *args)
+
+    def _open(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={self._synchronous}")
+            db.executescript(_SCHEMA)
+            self._db = db
+        return self._db
+
+    def load(self, cutoff: float) -> _Rows:
+        db = self._open()
+        with self._thread_lock:
+            db.execute("BEGIN")
+            old = "SELECT trace_id FROM entries WHERE since <= ?"
+            db.execute(f"DELETE FROM scores WHERE trace_id IN ({old})", (cutoff,))
+            db.execute(f"DELETE FROM feedback WHERE trace_id IN ({old})", (cutoff,))
+            db.execute("DELETE FROM entries WHERE since <= ?", (cutoff,))
+            db.execute("COMMIT")
+            return _Rows(
+                db.execute("SELECT trace_id, since, scored, labels FROM entries").fetchall(),
+                db.execute("SELECT trace_id, service, metric, score FROM scores").fetchall(),
+                db.execute("SELECT trace_id, body FROM feedback").fetchall(),
+            )
+
+    async def write(self, ops: list[_Op]) -> None:
+        """Apply ``ops`` in a transaction; returns once it is committed."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((ops, future))
+        if not self._flushing:
+            self._flushing = True
+            self._flushed.clear()
+            asyncio.get_running_loop().create_task(self._flush())
+        await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                try:
+                    await loop.run_in_executor(
+                        self._executor, self._commit, [op for ops, _ in batch for op in ops]
+                    )
+                except Exception as exc:  # every waiter hears of it
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for _, future in batch:
+                    if not future.done():
+                        future.set_result(None)
+        finally:
+            self._flushing = False
+            self._flushed.set()
+
+    def _commit(self, ops: list[_Op]) -> None:
+        db = self._open()
+        with self._thread_lock:
+            db.execute("BEGIN")
+            try:
+                for method, args in ops:
+                    method(self, *args)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    # The writes, run inside _commit's transaction.
+    def _conn(self) -> sqlite3.Connection:
+        assert self._db is not None
+        return self._db
+
+    def put_entry(self, entry: JoinEntry) -> None:
+        self._conn().execute(
+            "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
+            (entry.trace_id, entry.since, int(entry.scored), json.dumps(list(entry.labels))),
+        )
+
+    def put_labels(self, trace_id: str, labels: tuple[str, ...]) -> None:
+        self._conn().execute(
+            "UPDATE entries SET labels = ? WHERE trace_id = ?", (json.dumps(list(labels)), trace_id)
+        )
+
+    def put_score(self, trace_id: str, key: ScoreKey, score: Score) -> None:
+        self._conn().execute(
+            "INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?)",
+            (trace_id, key[0], key[1], json.dumps(list(score))),
+        )
+
+    def put_feedback(self, feedback: Feedback) -> None:
+        name, user = feedback.key[1], feedback.key[2]
+        self._conn().execute(
+            "INSERT OR REPLACE INTO feedback VALUES (?, ?, ?, ?)",
+            (feedback.trace_id, name, user, _feedback_json(feedback)),
+        )
+
+    def delete(self, trace_ids: Iterable[str]) -> None:
+        rows = [(t,) for t in trace_ids]
+        db = self._conn()
+        for table in ("entries", "scores", "feedback"):
+            db.executemany(f"DELETE FROM {table} WHERE trace_id = ?", rows)
+
+    async def close(self) -> None:
+        await self._flushed.wait()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._close)
+        self._executor.shutdown(wait=False)
+
+    def _close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+# ---------------------------------------------------------------------- redis
+
+
+class RedisJoinStore(MemoryJoinStore):
+    """Placeholder while the Redis backend is written: refuses to be built."""
+
+    def __init__(
+        self,
+        config: FeedbackConfig,
+        session_store: SessionStoreConfig,
+        *,
+        on_drop: DropListener | None = None,
+        clock: Callable[[], float] = time.time,
+        client: Redis | None = None,
+    ) -> None:
+        raise NotImplementedError("the Redis join is not written yet")
