@@ -47,8 +47,7 @@ class _SlowJoin:
         if self.failures:
             self.failures -= 1
             raise OSError("join backend down")
-        while not self.release.is_set():
-            await asyncio.sleep(0.02)
+        await asyncio.to_thread(self.release.wait, 30)
         self.recorded.append(feedback)
 
 
