@@ -13,9 +13,11 @@ Measured in the same run, against the same collector:
 1. **Throughput**, for ``--seconds`` each, with ``feedback.rate`` far above what is
    reachable (so the bound does not cut it): requests per second of
 
-   * the baseline, ``POST /v1/traces`` with one span (protobuf, what an SDK sends for
-     a feedback span), and
-   * ``POST /v1/feedback`` with a JSON body (trace id, span id, value, comment, user);
+   * the baseline, ``POST /v1/traces`` with one span (protobuf): the very feedback
+     span the endpoint would make, as the SDK's ``ragtrace.feedback()`` sends it, so
+     the rest of the pipeline (log, assembly, join, file export) costs the same, and
+   * ``POST /v1/feedback`` with a JSON body (trace id, span id, value, comment, user,
+     service), different feedback each time;
 
    reported with their ratio.
 2. **A flood**: a second collector with the default ``feedback.rate`` (200 per
@@ -45,6 +47,7 @@ from typing import Any
 _ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(_ROOT))
 
+from ragtrace_collector.feedback.ingest import feedback_request, parse_feedback  # noqa: E402
 from tests.e2e._support import Serve  # noqa: E402
 from tests.fakes.hostile import Timed, percentile, probe_for  # noqa: E402
 from tests.fakes.otlp_data import make_request, make_span, new_trace_id  # noqa: E402
@@ -81,14 +84,6 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
-def _otlp_bodies(n: int) -> list[bytes]:
-    """``n`` one-span OTLP requests (distinct traces)."""
-    return [
-        make_request([make_span(new_trace_id(), name="one")], service="bench").SerializeToString()
-        for _ in range(n)
-    ]
-
-
 def _feedback_bodies(n: int) -> list[bytes]:
     return [
         json.dumps(
@@ -98,10 +93,17 @@ def _feedback_bodies(n: int) -> list[bytes]:
                 "value": i % 2 == 0,
                 "comment": "the answer missed the refund policy",
                 "user_id": f"user-{i % 100}",
+                "service": "bench",
             }
         ).encode()
         for i in range(n)
     ]
+
+
+def _otlp_bodies(feedback: list[bytes]) -> list[bytes]:
+    """The same feedback as one-span OTLP requests (protobuf): what the SDK's
+    ``ragtrace.feedback()`` sends, so both paths carry the very same span."""
+    return [feedback_request(parse_feedback(body))[1] for body in feedback]
 
 
 async def _load(
@@ -163,8 +165,8 @@ def main() -> int:
     args = parser.parse_args()
     collector_cpus, load_cpus = _cpus()
     os.sched_setaffinity(0, load_cpus)
-    otlp = _otlp_bodies(2000)
     feedback = _feedback_bodies(2000)
+    otlp = _otlp_bodies(_feedback_bodies(2000))  # other feedback, the same shape
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         # 1. throughput, the rate bound out of reach
@@ -173,7 +175,8 @@ def main() -> int:
             os.sched_setaffinity(unbounded.proc.pid, collector_cpus)
             base = unbounded.http_url
             healthz = f"http://{unbounded.endpoints['admin']}/healthz"
-            asyncio.run(_load(f"{base}/v1/traces", otlp[:200], "application/x-protobuf", 0.5, 4))
+            warm = [make_request([make_span(new_trace_id())]).SerializeToString()] * 50
+            asyncio.run(_load(f"{base}/v1/traces", warm, "application/x-protobuf", 0.5, 4))
             (otlp_rps, otlp_status), otlp_probes = _probed(
                 healthz,
                 _load(
