@@ -266,8 +266,10 @@ async def test_report_ranks_the_metrics_and_sets_the_gauges() -> None:
         await stage.refresh()
         series = stage.report()["series"]
         assert [s["metric"] for s in series] == ["good", "noise"]
-        assert series[0]["auroc"] == 1.0 and series[0]["pairs"] == 40
-        assert series[0]["kappa"] == 1.0 and series[0]["threshold"] == 0.5
+        assert series[0]["auroc"] == 1.0
+        assert series[0]["pairs"] == 40
+        assert series[0]["kappa"] == 1.0
+        assert series[0]["threshold"] == 0.5
         low, high = series[0]["interval"]
         assert low < 1.0 <= high
         labels = {"service": "shop", "metric": "good", "name": "user_feedback"}
