@@ -118,8 +118,9 @@ class FeedbackJoined:
 class JoinStore(Protocol):
     """Per-trace scores and feedback; every method is atomic against the others."""
 
-    async def start(self) -> None:
-        """Open the backend (and read back what was held before a restart)."""
+    async def start(self) -> list[JoinEntry]:
+        """Open the backend and read back what was held before a restart; the entries
+        read back that hold both scores and feedback (their pairs, for the tracker)."""
         ...
 
     async def add_score(
@@ -292,7 +293,7 @@ class MemoryJoinStore(Component):
     def path(self) -> Path | None:
         return self._journal.path if self._journal is not None else None
 
-    async def start(self) -> None:
+    async def start(self) -> list[JoinEntry]:
         if self._journal is not None:
             try:
                 rows = await self._journal.run(_Journal.load, self._clock() - self._window)
@@ -301,6 +302,7 @@ class MemoryJoinStore(Component):
                 raise JoinStoreError(f"feedback join ({self._journal.path}): {exc}") from exc
             self._restore(rows)
         self.report(Status.OK)
+        return [_copy(e) for e in self._scored.values() if e.feedback]
 
     def _restore(self, rows: _Rows) -> None:
         """The entries of a previous run, oldest first, then the bounds applied."""
@@ -339,6 +341,7 @@ class MemoryJoinStore(Component):
         labels: tuple[str, ...],
         at: float,
     ) -> JoinEntry:
+        dropped = self._trim(at)  # first: an expired entry is not written to
         entry = self._scored.get(trace_id)
         first = entry is None
         if entry is None:
@@ -349,35 +352,38 @@ class MemoryJoinStore(Component):
             self._scored[trace_id] = entry
         entry.scores[key] = score
         entry.labels = labels
-        dropped = self._trim(at)
+        dropped += self._trim(at)
         if self._journal is not None:
-            ops: list[_Op] = [(_Journal.put_score, (trace_id, key, score))]
+            # The deletes first: a trace dropped (expired) may be the one written now.
+            ops: list[_Op] = [(_Journal.delete, (dropped,))] if dropped else []
             if first:
                 ops.append((_Journal.put_entry, (entry,)))
             elif labels:
                 ops.append((_Journal.put_labels, (trace_id, labels)))
-            if dropped:
-                ops.append((_Journal.delete, (dropped,)))
+            ops.append((_Journal.put_score, (trace_id, key, score)))
             await self._write(ops)
         return _copy(entry)
 
     async def add_feedback(self, feedback: Feedback, at: float) -> FeedbackJoined:
         trace_id = feedback.trace_id
+        dropped = self._trim(at)  # first: an expired entry is not written to
         entry = self._scored.get(trace_id) or self._pending.get(trace_id)
         replaced = entry is not None and feedback.key in entry.feedback
         if entry is not None and not replaced and len(entry.feedback) >= MAX_FEEDBACK_PER_REQUEST:
+            if dropped and self._journal is not None:
+                await self._write([(_Journal.delete, (dropped,))])
             raise Refused("too many feedback for one request")
         first = entry is None
         if entry is None:
             entry = self._pending[trace_id] = JoinEntry(trace_id, at)
         entry.feedback[feedback.key] = feedback
-        dropped = self._trim(at)
+        dropped += self._trim(at)
         if self._journal is not None:
-            ops: list[_Op] = [(_Journal.put_feedback, (feedback,))]
+            # The deletes first: a trace dropped (expired) may be the one written now.
+            ops: list[_Op] = [(_Journal.delete, (dropped,))] if dropped else []
             if first:
-                ops.insert(0, (_Journal.put_entry, (entry,)))
-            if dropped:
-                ops.append((_Journal.delete, (dropped,)))
+                ops.append((_Journal.put_entry, (entry,)))
+            ops.append((_Journal.put_feedback, (feedback,)))
             await self._write(ops)
         return FeedbackJoined(_copy(entry), replaced)
 
@@ -730,8 +736,11 @@ class RedisJoinStore(Component):
         self.report_ok()
         return answer
 
-    async def start(self) -> None:
+    async def start(self) -> list[JoinEntry]:
+        """Nothing to read back: Redis holds the join (this replica's tracker starts
+        empty, and fills as feedback and scores join again)."""
         self.report(Status.OK)
+        return []
 
     def held(self) -> tuple[int, int]:
         return self._held
