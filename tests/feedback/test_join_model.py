@@ -37,9 +37,9 @@ from ragtrace_collector.feedback.stage import FeedbackStage
 from ragtrace_collector.results import MetricResult
 
 WINDOW = 100.0
-MAX_REQUESTS = 4
-MAX_PENDING = 3
-TRACES = [f"{i + 1:032x}" for i in range(7)]
+MAX_REQUESTS = 3
+MAX_PENDING = 2
+TRACES = [f"{i + 1:032x}" for i in range(5)]
 USERS = ["a", "b"]
 METRICS = ["m1", "m2"]
 
