@@ -118,8 +118,9 @@ class FeedbackJoined:
 class JoinStore(Protocol):
     """Per-trace scores and feedback; every method is atomic against the others."""
 
-    async def start(self) -> None:
-        """Open the backend (and read back what was held before a restart)."""
+    async def start(self) -> list[JoinEntry]:
+        """Open the backend and read back what was held before a restart; the entries
+        read back that hold both scores and feedback (their pairs, for the tracker)."""
         ...
 
     async def add_score(
@@ -292,7 +293,7 @@ class MemoryJoinStore(Component):
     def path(self) -> Path | None:
         return self._journal.path if self._journal is not None else None
 
-    async def start(self) -> None:
+    async def start(self) -> list[JoinEntry]:
         if self._journal is not None:
             try:
                 rows = await self._journal.run(_Journal.load, self._clock() - self._window)
@@ -301,6 +302,7 @@ class MemoryJoinStore(Component):
                 raise JoinStoreError(f"feedback join ({self._journal.path}): {exc}") from exc
             self._restore(rows)
         self.report(Status.OK)
+        return [_copy(e) for e in self._scored.values() if e.feedback]
 
     def _restore(self, rows: _Rows) -> None:
         """The entries of a previous run, oldest first, then the bounds applied."""
@@ -339,6 +341,7 @@ class MemoryJoinStore(Component):
         labels: tuple[str, ...],
         at: float,
     ) -> JoinEntry:
+        dropped = self._trim(at)  # first: an expired entry is not written to
         entry = self._scored.get(trace_id)
         first = entry is None
         if entry is None:
@@ -349,35 +352,38 @@ class MemoryJoinStore(Component):
             self._scored[trace_id] = entry
         entry.scores[key] = score
         entry.labels = labels
-        dropped = self._trim(at)
+        dropped += self._trim(at)
         if self._journal is not None:
-            ops: list[_Op] = [(_Journal.put_score, (trace_id, key, score))]
+            # The deletes first: a trace dropped (expired) may be the one written now.
+            ops: list[_Op] = [(_Journal.delete, (dropped,))] if dropped else []
             if first:
                 ops.append((_Journal.put_entry, (entry,)))
             elif labels:
                 ops.append((_Journal.put_labels, (trace_id, labels)))
-            if dropped:
-                ops.append((_Journal.delete, (dropped,)))
+            ops.append((_Journal.put_score, (trace_id, key, score)))
             await self._write(ops)
         return _copy(entry)
 
     async def add_feedback(self, feedback: Feedback, at: float) -> FeedbackJoined:
         trace_id = feedback.trace_id
+        dropped = self._trim(at)  # first: an expired entry is not written to
         entry = self._scored.get(trace_id) or self._pending.get(trace_id)
         replaced = entry is not None and feedback.key in entry.feedback
         if entry is not None and not replaced and len(entry.feedback) >= MAX_FEEDBACK_PER_REQUEST:
+            if dropped and self._journal is not None:
+                await self._write([(_Journal.delete, (dropped,))])
             raise Refused("too many feedback for one request")
         first = entry is None
         if entry is None:
             entry = self._pending[trace_id] = JoinEntry(trace_id, at)
         entry.feedback[feedback.key] = feedback
-        dropped = self._trim(at)
+        dropped += self._trim(at)
         if self._journal is not None:
-            ops: list[_Op] = [(_Journal.put_feedback, (feedback,))]
+            # The deletes first: a trace dropped (expired) may be the one written now.
+            ops: list[_Op] = [(_Journal.delete, (dropped,))] if dropped else []
             if first:
-                ops.insert(0, (_Journal.put_entry, (entry,)))
-            if dropped:
-                ops.append((_Journal.delete, (dropped,)))
+                ops.append((_Journal.put_entry, (entry,)))
+            ops.append((_Journal.put_feedback, (feedback,)))
             await self._write(ops)
         return FeedbackJoined(_copy(entry), replaced)
 
@@ -599,10 +605,83 @@ class _Journal:
 
 
 # ---------------------------------------------------------------------- redis
+# One hash per trace (``<prefix>t:<trace id>``): ``~scored`` or ``~pending`` (the
+# entry's ``since``), ``~labels`` (JSON), ``~nf`` (feedback keys held), ``s:<JSON
+# [service, metric]>`` (JSON [score, threshold]) and ``f:<JSON [name, user]>`` (the
+# feedback's JSON).  It expires ``window`` after its side began.  Two sorted sets,
+# ``<prefix>scored`` and ``<prefix>pending``, index the traces by ``since`` for the
+# entry bounds; the scripts drop what is past the window or over a bound from them
+# (and the evicted traces' hashes).  Every script returns the counts of both indexes.
+
+# KEYS: hash, scored index, pending index.  ARGV: trace id, field, score JSON, labels
+# JSON, now, ttl ms, max_requests, window s, hash prefix.
+_ADD_SCORE: Final = """
+if redis.call('HEXISTS', KEYS[1], '~scored') == 0 then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('HDEL', KEYS[1], '~pending')
+  redis.call('HSET', KEYS[1], '~scored', ARGV[5])
+  redis.call('ZADD', KEYS[2], ARGV[5], ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[6])
+end
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[3], '~labels', ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[5]) - tonumber(ARGV[8]))
+local evicted = 0
+local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[7])
+if over > 0 then
+  local old = redis.call('ZPOPMIN', KEYS[2], over)
+  for i = 1, #old, 2 do
+    redis.call('DEL', ARGV[9] .. old[i])
+    evicted = evicted + 1
+  end
+end
+return {0, evicted, 0, redis.call('ZCARD', KEYS[2]), redis.call('ZCARD', KEYS[3]),
+        redis.call('HGETALL', KEYS[1])}
+"""
+
+# KEYS: hash, scored index, pending index.  ARGV: trace id, field, feedback JSON, now,
+# ttl ms, max_pending, window s, hash prefix, max feedback per request.
+_ADD_FEEDBACK: Final = """
+local exists = redis.call('HEXISTS', KEYS[1], ARGV[2])
+if exists == 0 and tonumber(redis.call('HGET', KEYS[1], '~nf') or '0') >= tonumber(ARGV[9]) then
+  return {-1}
+end
+local evicted, expired = 0, 0
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], '~pending', ARGV[4])
+  redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  expired = redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', tonumber(ARGV[4]) - tonumber(ARGV[7]))
+  local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[6])
+  if over > 0 then
+    local old = redis.call('ZPOPMIN', KEYS[3], over)
+    for i = 1, #old, 2 do
+      redis.call('DEL', ARGV[8] .. old[i])
+      evicted = evicted + 1
+    end
+  end
+end
+if exists == 0 then redis.call('HINCRBY', KEYS[1], '~nf', 1) end
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+return {exists, evicted, expired, redis.call('ZCARD', KEYS[2]), redis.call('ZCARD', KEYS[3]),
+        redis.call('HGETALL', KEYS[1])}
+"""
+
+# KEYS: scored index, pending index.  ARGV: cutoff.
+_EXPIRE: Final = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local expired = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[1])
+return {expired, redis.call('ZCARD', KEYS[1]), redis.call('ZCARD', KEYS[2])}
+"""
 
 
-class RedisJoinStore(MemoryJoinStore):
-    """Placeholder while the Redis backend is written: refuses to be built."""
+class RedisJoinStore(Component):
+    """The join in Redis, shared by every replica (redis-py asyncio).
+
+    It uses the session store's URL and ``socket_timeout`` (each call is bounded by it
+    as a whole) and ``feedback.key_prefix``.  Feedback counted ``expired`` here is
+    pending *requests* found past the window (Redis drops their hashes itself)."""
+
+    component_name = "feedback_join"
 
     def __init__(
         self,
@@ -613,4 +692,166 @@ class RedisJoinStore(MemoryJoinStore):
         clock: Callable[[], float] = time.time,
         client: Redis | None = None,
     ) -> None:
-        raise NotImplementedError("the Redis join is not written yet")
+        from redis.asyncio import Redis
+        from redis.exceptions import RedisError
+
+        self._config = config
+        self._prefix = config.key_prefix
+        self._ttl_ms = max(1, round(config.window * 1000))
+        self._timeout = session_store.socket_timeout
+        self._url = session_store.url
+        self._on_drop = on_drop or _ignore_drop
+        self._clock = clock
+        self._redis_error: type[Exception] = RedisError
+        self._redis: Redis = (
+            client
+            if client is not None
+            else Redis.from_url(
+                session_store.url,
+                socket_timeout=session_store.socket_timeout,
+                socket_connect_timeout=session_store.socket_timeout,
+            )
+        )
+        self._add_score = self._redis.register_script(_ADD_SCORE)
+        self._add_feedback = self._redis.register_script(_ADD_FEEDBACK)
+        self._expire = self._redis.register_script(_EXPIRE)
+        self._held = (0, 0)
+
+    def _indexes(self) -> list[str]:
+        return [f"{self._prefix}scored", f"{self._prefix}pending"]
+
+    async def _call(self, action: str, script: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            async with asyncio.timeout(self._timeout):
+                answer = await script(keys=keys, args=args)
+        except (self._redis_error, TimeoutError, OSError) as exc:
+            detail = (
+                f"no answer within {self._timeout:g}s"
+                if isinstance(exc, TimeoutError)
+                else f"{type(exc).__name__}: {exc}"
+            )
+            error = JoinStoreError(f"feedback join (redis {self._url}): {action} failed: {detail}")
+            self.report(Status.RECOVERABLE_ERROR, str(error))
+            raise error from None
+        self.report_ok()
+        return answer
+
+    async def start(self) -> list[JoinEntry]:
+        """Nothing to read back: Redis holds the join (this replica's tracker starts
+        empty, and fills as feedback and scores join again)."""
+        self.report(Status.OK)
+        return []
+
+    def held(self) -> tuple[int, int]:
+        return self._held
+
+    async def add_score(
+        self,
+        trace_id: str,
+        key: ScoreKey,
+        score: Score,
+        labels: tuple[str, ...],
+        at: float,
+    ) -> JoinEntry:
+        answer = await self._call(
+            "add_score",
+            self._add_score,
+            [f"{self._prefix}t:{trace_id}", *self._indexes()],
+            [
+                trace_id,
+                "s:" + json.dumps(list(key)),
+                json.dumps(list(score)),
+                json.dumps(list(labels)),
+                repr(at),
+                self._ttl_ms,
+                self._config.max_requests,
+                repr(self._config.window),
+                f"{self._prefix}t:",
+            ],
+        )
+        return self._answered(trace_id, answer, "scores")[0]
+
+    async def add_feedback(self, feedback: Feedback, at: float) -> FeedbackJoined:
+        trace_id = feedback.trace_id
+        answer = await self._call(
+            "add_feedback",
+            self._add_feedback,
+            [f"{self._prefix}t:{trace_id}", *self._indexes()],
+            [
+                trace_id,
+                "f:" + json.dumps([feedback.key[1], feedback.key[2]]),
+                _feedback_json(feedback),
+                repr(at),
+                self._ttl_ms,
+                self._config.max_pending,
+                repr(self._config.window),
+                f"{self._prefix}t:",
+                MAX_FEEDBACK_PER_REQUEST,
+            ],
+        )
+        if isinstance(answer, list) and answer[:1] == [-1]:
+            raise Refused("too many feedback for one request")
+        entry, existed = self._answered(trace_id, answer, "pending")
+        return FeedbackJoined(entry, existed)
+
+    def _answered(self, trace_id: str, answer: Any, side: DropKind) -> tuple[JoinEntry, bool]:
+        """The entry a script returned, counting what it dropped."""
+        try:
+            existed, evicted, expired, scored, pending, fields = answer
+            self._held = (int(scored), int(pending))
+        except (TypeError, ValueError) as exc:
+            error = JoinStoreError(f"feedback join (redis {self._url}): unreadable answer")
+            self.report(Status.RECOVERABLE_ERROR, str(error))
+            raise error from exc
+        if evicted:
+            self._on_drop(side, int(evicted))
+        if expired:
+            self._on_drop("expired", int(expired))
+        return _entry_from_hash(trace_id, fields), bool(existed)
+
+    async def expire(self, now: float) -> None:
+        answer = await self._call(
+            "expire", self._expire, self._indexes(), [repr(now - self._config.window)]
+        )
+        try:
+            expired, scored, pending = (int(v) for v in answer)
+        except (TypeError, ValueError):
+            return
+        self._held = (scored, pending)
+        if expired:
+            self._on_drop("expired", expired)
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+        self.report(Status.STOPPED)
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _entry_from_hash(trace_id: str, fields: Any) -> JoinEntry:
+    """A trace's hash, as HGETALL returned it (flat, name then value), as an entry;
+    fields that cannot be read are left out."""
+    entry = JoinEntry(trace_id, 0.0)
+    flat = list(fields) if isinstance(fields, list | tuple) else []
+    for name_raw, value in zip(flat[::2], flat[1::2], strict=False):
+        name = _text(name_raw)
+        try:
+            if name in ("~scored", "~pending"):
+                entry.since = float(_text(value))
+                entry.scored = name == "~scored"
+            elif name == "~labels":
+                entry.labels = _labels_from_json(value)
+            elif name.startswith("s:"):
+                service, metric = json.loads(name[2:])
+                score = _score_from_json(value)
+                if isinstance(service, str) and isinstance(metric, str) and score is not None:
+                    entry.scores[(service, metric)] = score
+            elif name.startswith("f:"):
+                feedback = _feedback_from_json(value)
+                if feedback is not None and feedback.trace_id == trace_id:
+                    entry.feedback[feedback.key] = feedback
+        except (ValueError, TypeError):
+            continue
+    return entry

@@ -143,8 +143,14 @@ class FeedbackStage:
         return self._store
 
     async def start(self) -> None:
-        """Open the join (reading back what a previous run held) and start the workers."""
-        await self._store.start()
+        """Open the join (reading back what a previous run held, whose joined pairs go
+        back to the tracker) and start the workers.  The tracker itself is not kept:
+        after a restart it holds the pairs of requests still in the join's window."""
+        now = self._clock()
+        for entry in await self._store.start():
+            for (service, metric), (score, threshold) in entry.scores.items():
+                for feedback in entry.feedback.values():
+                    self._pair(service, metric, feedback, entry, score, threshold, now)
         self._supervisor.spawn(self.component, self._score_worker, name="feedback_scores")
         self._supervisor.spawn(self.component, self._refresh_loop, name="feedback_refresh")
         self.component.report(Status.OK)
