@@ -255,14 +255,13 @@ class HttpReceiver(Component):
             payload = split.payload if split.payload is not None else body
             await self._pipeline.accept(split, _RECEIVER, payload)
         except Refused as refused:
-            status = 503 if refused.reason == "shutting_down" else 429
+            status, retry_after = _retry_answer(refused)
             code = CODE_UNAVAILABLE if status == 503 else CODE_RESOURCE_EXHAUSTED
-            seconds = max(1, math.ceil(refused.retry_after))
             return self._encode(
                 status,
                 rpc_status(code, refused.message, retry_delay=refused.retry_after),
                 as_json,
-                {"Retry-After": str(seconds)},
+                retry_after,
             )
         return self._encode(
             200, export_response(split.rejected_spans, split.error_message), as_json
@@ -346,12 +345,11 @@ class HttpReceiver(Component):
         try:
             await self._pipeline.accept(split, _FEEDBACK, payload)
         except Refused as refused:
-            status = 503 if refused.reason == "shutting_down" else 429
-            seconds = max(1, math.ceil(refused.retry_after))
+            status, retry_after = _retry_answer(refused)
             return web.json_response(
                 {"error": {"field": "body", "message": refused.message}},
                 status=status,
-                headers={"Retry-After": str(seconds)},
+                headers=retry_after,
             )
         return web.json_response({"status": "accepted"}, status=202)
 
@@ -398,6 +396,13 @@ class HttpReceiver(Component):
         return web.Response(
             status=status, body=body, content_type=content_type, headers=extra_headers
         )
+
+
+def _retry_answer(refused: Refused) -> tuple[int, dict[str, str]]:
+    """The HTTP status (503 shutting down, else 429) and ``Retry-After`` header for a
+    pipeline refusal."""
+    status = 503 if refused.reason == "shutting_down" else 429
+    return status, {"Retry-After": str(max(1, math.ceil(refused.retry_after)))}
 
 
 async def _read_at_most(request: web.Request, size: int) -> bytes:
