@@ -4,8 +4,9 @@ feedback to the scores, and how much feedback it accepts.
 Every bound is on entries, so memory is bounded whatever is sent:
 
 * ``max_requests`` evaluated requests, each with its scores and at most
-  ``MAX_FEEDBACK_PER_REQUEST`` feedback keys (``docs/feedback.md`` gives the bytes per
-  request measured);
+  ``MAX_FEEDBACK_PER_REQUEST`` feedback keys (about 1.8 KB for a request with five
+  scores and one feedback, ``benchmarks/feedback_memory.py``: 170 MiB at the default
+  100,000; a pending feedback about 0.9 KB);
 * ``max_pending`` feedback waiting for scores that have not come (yet);
 * ``max_pairs`` joined pairs in each of at most ``max_series`` series of the agreement
   tracker.
@@ -63,10 +64,11 @@ class FeedbackConfig(StrictModel):
         "values); the oldest are dropped first.",
     )
     max_series: int = Field(
-        1_000,
+        100,
         ge=1,
         description="Series the agreement tracker keeps; pairs of a new series beyond it "
-        "are counted, not kept.",
+        "are counted, not kept.  A pair holds about 400 bytes, so the tracker's bound is "
+        "about `max_series` x `max_pairs` x 400 B (380 MiB at the defaults).",
     )
     max_body: ByteSize = Field(
         64 * 1024,
