@@ -226,3 +226,33 @@ def test_feedback_answered_202_survives_kill_9(sink: OtlpSink, tmp_path: Path) -
         )
     finally:
         second.kill()
+
+
+def test_feedback_reaches_an_alert_rule_on_its_name(sink: OtlpSink) -> None:
+    """The service wires the feedback stage to the drop detector: a rule on
+    ``feedback:user_feedback`` counts each feedback (once per user) in its window."""
+    rule = {"name": "unhappy", "metric": "feedback:user_feedback", "min_samples": 2}
+    config = eval_config(
+        sink,
+        metrics={METRIC: {}},
+        alerts={"rules": [rule]},
+        assembly={"max_trace_wait": "300ms"},
+    )
+    with evaluating_collector(config) as collector:
+        for user, value in (("u-1", False), ("u-2", True), ("u-1", True)):  # u-1 again
+            body = {"trace_id": "5b8efff798038103d269b633813fc60c", "value": value}
+            status, _, _ = post_feedback(
+                collector.http_url, {**body, "user_id": user, "service": "bot"}
+            )
+            assert status == 202
+
+        def counted() -> int:
+            stage = collector.svc.stage
+            assert stage is not None
+            assert stage.detector is not None
+            statuses = collector.call(stage.detector.status)
+            return sum(s.window_count for s in statuses if s.rule == "unhappy")
+
+        wait_for(lambda: counted() == 2, 15, "two feedback keys in the rule's window")
+        time.sleep(0.5)
+        assert counted() == 2

@@ -61,8 +61,8 @@ def _warn_about_alerts(config: CollectorConfig, log: Any) -> None:
 
 class FeedbackAlerts:
     """The feedback stage's observer: hands each feedback to the drop detector (built
-    after the feedback stage, by :func:`build_stage`) as a score of its feedback name,
-    so a rise in negative feedback is a drop in that name's mean."""
+    after the feedback stage, by :func:`build_stage`), whose rules on
+    ``feedback:<name>`` watch its mean."""
 
     def __init__(self) -> None:
         self.detector: DropDetector | None = None
@@ -71,7 +71,7 @@ class FeedbackAlerts:
         self, service: str, name: str, value: float, trace_id: str, values: tuple[str, ...]
     ) -> None:
         if self.detector is not None:
-            self.detector.observe(service, name, value, trace_id, segments=values)
+            self.detector.observe_feedback(service, name, value, trace_id, segments=values)
 
 
 def build_feedback_stage(
