@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,12 +53,12 @@ class _SlowJoin:
         self.recorded.append(feedback)
 
 
-def _post(collector: CollectorThread) -> int:
+def _post(collector: CollectorThread, trace_id: str = TRACE) -> int:
     addr = collector.svc.http_address
     assert addr is not None
     request = urllib.request.Request(
         f"http://{addr[0]}:{addr[1]}/v1/feedback",
-        data=json.dumps({"trace_id": TRACE, "value": False, "user_id": "u"}).encode(),
+        data=json.dumps({"trace_id": trace_id, "value": False, "user_id": "u"}).encode(),
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=10) as resp:
@@ -124,4 +126,31 @@ def test_a_trace_of_feedback_spans_only_never_reaches_the_processor(sink: OtlpSi
         report = collector.call(collector.svc.feedback.report)
         assert report["counts"]["recorded"] == 1
     finally:
+        collector.stop()
+
+
+def test_a_join_that_hangs_costs_back_pressure_not_memory(sink: OtlpSink) -> None:
+    """At feedback.max_pending feedback waiting for the join, new requests get 429
+    (processor_busy); once the join catches up they are taken again."""
+    config = collector_config(
+        sink=sink, assembly={"max_trace_wait": "100ms"}, feedback={"max_pending": 2}
+    )
+    collector = CollectorThread(config).start()
+    try:
+        svc = collector.svc
+        assert svc.feedback is not None
+        join = _SlowJoin()
+        svc.feedback.record = join.record  # type: ignore[method-assign]
+        traces = [os.urandom(16).hex() for _ in range(4)]
+        assert [_post(collector, traces[0]), _post(collector, traces[1])] == [202, 202]
+        wait_for(lambda: join.calls == 2, 10, "two feedback waiting for the join")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _post(collector, traces[2])
+        assert refused.value.code == 429
+        assert "wait for the join" in json.loads(refused.value.read())["error"]["message"]
+        join.release.set()
+        wait_for(lambda: len(join.recorded) == 2, 10, "the join caught up")
+        assert _post(collector, traces[3]) == 202
+    finally:
+        join.release.set()
         collector.stop()

@@ -19,6 +19,11 @@ span.  For each released trace (late ones included) :meth:`FeedbackTap.take`:
 * says whether the trace holds nothing but feedback spans: the pipeline then forwards
   it to the exporters without handing it to the evaluator (feedback is never a case).
 
+Feedback handed to the join and not yet recorded is bounded: at ``limit``
+(``feedback.max_pending``) the tap is :attr:`~FeedbackTap.busy`, and the pipeline
+refuses new requests (429 / RESOURCE_EXHAUSTED, ``processor_busy``) until the join
+catches up, so a join backend that hangs costs back-pressure, not memory.
+
 The spans themselves are untouched: every exporter shows them, linked to the request.
 """
 
@@ -58,12 +63,18 @@ class FeedbackSink(Protocol):
 class FeedbackTap:
     """Reads feedback out of released traces (see the module docstring)."""
 
-    def __init__(self, sink: FeedbackSink) -> None:
+    def __init__(self, sink: FeedbackSink, *, limit: int) -> None:
         self._sink = sink
+        self._limit = limit
         self._tasks: set[asyncio.Task[None]] = set()
         self._log = get_logger("feedback")
         #: Feedback handed to the join and not yet recorded.
         self.in_flight = 0
+
+    @property
+    def busy(self) -> bool:
+        """Whether as much feedback as the bound allows waits for the join."""
+        return self.in_flight >= self._limit
 
     def take(self, trace: AssembledTrace, ledger: OutputLedger | None) -> bool:
         """Hand the feedback spans of ``trace`` to the join, holding its log entries
@@ -89,24 +100,32 @@ class FeedbackTap:
         return not others
 
     async def _record(self, found: list[Feedback], hold: Hold | None) -> None:
-        for feedback in found:
-            delay = _FIRST_RETRY
-            while True:
-                try:
-                    await self._sink.record(feedback)
-                    break
-                except Exception as exc:  # the join's backend failed: the hold keeps the entry
-                    self._log.warning(
-                        "feedback_record_retrying",
-                        trace_id=feedback.trace_id,
-                        error=type(exc).__name__,
-                        retry_in=delay,
-                    )
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, _MAX_RETRY)
-            self.in_flight -= 1
+        left = len(found)
+        try:
+            for feedback in found:
+                await self._record_one(feedback)
+                left -= 1
+                self.in_flight -= 1
+        finally:
+            self.in_flight -= left  # cut short: the hold keeps the entries
         if hold is not None:
             hold.release()
+
+    async def _record_one(self, feedback: Feedback) -> None:
+        delay = _FIRST_RETRY
+        while True:
+            try:
+                await self._sink.record(feedback)
+                return
+            except Exception as exc:  # the join's backend failed: the hold keeps the entry
+                self._log.warning(
+                    "feedback_record_retrying",
+                    trace_id=feedback.trace_id,
+                    error=type(exc).__name__,
+                    retry_in=delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _MAX_RETRY)
 
     async def drain(self) -> None:
         """Returns once every feedback handed to the join so far is recorded."""

@@ -315,6 +315,12 @@ class Pipeline:
                 f"the trace processor holds {self._held_spans} spans; retry later",
                 self._retry_after,
             )
+        if self.feedback is not None and self.feedback.busy:
+            return Refused(
+                "processor_busy",
+                f"{self.feedback.in_flight} feedback wait for the join; retry later",
+                self._retry_after,
+            )
         storage = self._storage.refusal() if self._storage is not None else None
         if storage is not None:
             reason, detail = storage

@@ -149,7 +149,11 @@ class CollectorService:
             storage=self.storage,
             track_undelivered=config.shutdown.spill_path is not None,
         )
-        self._feedback_tap = FeedbackTap(self.feedback) if self.feedback is not None else None
+        self._feedback_tap = (
+            FeedbackTap(self.feedback, limit=config.feedback.max_pending)
+            if self.feedback is not None
+            else None
+        )
         self.pipeline.feedback = self._feedback_tap
         auth = BearerAuth(config.receivers.auth.bearer_tokens)
         grace = config.shutdown.receiver_grace
