@@ -316,7 +316,12 @@ class HttpReceiver(Component):
                 "too many feedback requests (feedback.rate); retry later",
                 {"Retry-After": str(max(1, math.ceil(wait)))},
             )
-            answer.force_close()  # the unread body stays with the connection
+            length = request.content_length
+            if length is None or length > self._feedback.max_body:
+                # aiohttp would read the unread body to reuse the connection: only a
+                # small one, of a known size, is worth it (a flood keeps its
+                # connections instead of reconnecting).
+                answer.force_close()
             return answer
         content_type = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
