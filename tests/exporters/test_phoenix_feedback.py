@@ -113,3 +113,37 @@ async def test_feedback_lands_on_the_request_span_or_the_known_root(
         for ss in rs.scope_spans
     )
     assert sent == 4  # the feedback spans go to Phoenix too
+
+
+async def test_a_repeat_in_one_batch_is_sent_once_the_last_one(
+    fake_phoenix: Any,  # noqa: F811
+) -> None:
+    def script(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return 200, {"data": [{"id": "x"}] * len(body.get("data", []))}
+
+    server: _FakePhoenix = await fake_phoenix(script)
+    telemetry = Telemetry()
+    config = PhoenixExporterConfig.model_validate(
+        {"type": "phoenix", "endpoint": server.url, "compression": "none"}
+    )
+    exporter = build_exporter("px", config, telemetry)
+    assert isinstance(exporter, PhoenixExporter)
+    await exporter.start()
+    trace_id, span_id = os.urandom(16), os.urandom(8)
+    spans = [
+        to_span(_feedback(trace_id, span_id, value=0.0)),
+        to_span(_feedback(trace_id, span_id, value=1.0)),  # the user changed their mind
+        to_span(_feedback(trace_id, span_id, value=0.0, user_id="u-2")),
+    ]
+    exporter.enqueue([SpanGroup(None, "", None, "", spans)], len(spans))
+    assert await exporter.close(asyncio.get_running_loop().time() + 20) == 0
+    posted = [
+        item
+        for path, body in server.requests
+        if path == "/v1/span_annotations"
+        for item in body["data"]
+    ]
+    assert sorted((i["identifier"], i["result"]["score"]) for i in posted) == [
+        ("u-1", 1.0),
+        ("u-2", 0.0),
+    ]

@@ -26,7 +26,8 @@ Phoenix files spans under), then posts each result through Phoenix's REST API:
   earlier feedback as the join does.  The request span is the one the feedback links
   to; feedback sent with a trace id only lands on the trace's root span when this
   exporter has sent it (the last ``_MAX_ROOTS`` traces are remembered), else it is
-  skipped and counted (``outcome="no_span"``).  The feedback span itself is sent too.
+  skipped and counted (``outcome="no_span"``).  Of several feedback with one key in
+  a batch only the last is posted.  The feedback span itself is sent too.
 
 **One source of truth.**  Annotations are read off the spans being exported, from the
 flat ``ragtrace.eval.*`` attributes the evaluator wrote (names from
@@ -387,7 +388,9 @@ class PhoenixExporter(OtlpHttpExporter):
 
     def _place(self, annotations: PhoenixAnnotations) -> None:
         """Remember the batch's root spans; put feedback sent with a trace id only on
-        its trace's root span, or count it skipped when that span is not known."""
+        its trace's root span, or count it skipped when that span is not known.  Of
+        several feedback with one key (span, name, user) in a batch, the last is sent:
+        it replaces the others anyway."""
         roots = self._roots
         for trace_id, span_id in annotations.roots.items():
             roots[trace_id] = span_id
@@ -401,6 +404,17 @@ class PhoenixExporter(OtlpHttpExporter):
                 continue
             annotations.spans.append({"span_id": root, **item})
         annotations.unplaced = []
+        human: dict[tuple[str, str, str], int] = {}
+        for index, item in enumerate(annotations.spans):
+            if item["annotator_kind"] == "HUMAN":
+                human[(item["span_id"], item["name"], item["identifier"])] = index
+        if len(human) < sum(1 for i in annotations.spans if i["annotator_kind"] == "HUMAN"):
+            kept = set(human.values())
+            annotations.spans = [
+                item
+                for index, item in enumerate(annotations.spans)
+                if item["annotator_kind"] != "HUMAN" or index in kept
+            ]
 
     def _select(self, annotations: PhoenixAnnotations) -> PhoenixAnnotations:
         """Apply the config switches; keep only the latest turn's conversation score."""
