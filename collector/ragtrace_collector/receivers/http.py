@@ -120,6 +120,8 @@ class HttpReceiver(Component):
         #: ``POST /v1/feedback`` is served when set.
         self._feedback = feedback
         self._bucket = TokenBucket(feedback.rate) if feedback is not None else None
+        #: Whether feedback is being refused for its rate (logged once per stretch).
+        self._throttling = False
         #: Shared with the gRPC receiver by the service; a private one otherwise.
         self._decoder = decoder if decoder is not None else Decoder()
         self._owns_decoder = decoder is None
@@ -309,12 +311,16 @@ class HttpReceiver(Component):
         wait = self._bucket.take(asyncio.get_running_loop().time())
         if wait > 0:
             self._feedback.invalid("rate_limited")
+            if not self._throttling:  # a flood is counted, and logged once
+                self._throttling = True
+                self._log.warning("feedback_rate_limited", rate=self._bucket.rate)
             answer = self._feedback_error(
                 429,
                 "rate_limited",
                 "body",
                 "too many feedback requests (feedback.rate); retry later",
                 {"Retry-After": str(max(1, math.ceil(wait)))},
+                log=False,
             )
             length = request.content_length
             if length is None or length > self._feedback.max_body:
@@ -323,6 +329,9 @@ class HttpReceiver(Component):
                 # connections instead of reconnecting).
                 answer.force_close()
             return answer
+        if self._throttling:
+            self._throttling = False
+            self._log.info("feedback_rate_limit_over")
         content_type = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if content_type not in _FEEDBACK_TYPES or encoding != "identity":
@@ -365,9 +374,12 @@ class HttpReceiver(Component):
         field: str,
         message: str,
         headers: dict[str, str] | None = None,
+        *,
+        log: bool = True,
     ) -> web.Response:
         self._telemetry.requests_rejected.labels(_FEEDBACK, reason).inc()
-        self._log.info("feedback_rejected", status=status, reason=reason)
+        if log:
+            self._log.info("feedback_rejected", status=status, reason=reason)
         return web.json_response(
             {"error": {"field": field, "message": message}}, status=status, headers=headers
         )
