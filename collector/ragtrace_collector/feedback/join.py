@@ -300,12 +300,15 @@ class MemoryJoinStore(Component):
             except (sqlite3.Error, OSError) as exc:
                 self.report(Status.PERMANENT_ERROR, f"cannot open the join's file: {exc}")
                 raise JoinStoreError(f"feedback join ({self._journal.path}): {exc}") from exc
-            self._restore(rows)
+            dropped = self._restore(rows)
+            if dropped:  # over the bounds (lowered since): gone from the file too
+                await self._write([(_Journal.delete, (dropped,))])
         self.report(Status.OK)
         return [_copy(e) for e in self._scored.values() if e.feedback]
 
-    def _restore(self, rows: _Rows) -> None:
-        """The entries of a previous run, oldest first, then the bounds applied."""
+    def _restore(self, rows: _Rows) -> list[str]:
+        """The entries of a previous run, oldest first, then the bounds applied; the
+        trace ids those dropped."""
         entries: dict[str, JoinEntry] = {}
         for trace_id, since, scored, labels in rows.entries:
             entries[trace_id] = JoinEntry(trace_id, since, bool(scored), _labels_from_json(labels))
@@ -324,7 +327,7 @@ class MemoryJoinStore(Component):
                 self._scored[entry.trace_id] = entry
             elif entry.feedback:
                 self._pending[entry.trace_id] = entry
-        self._trim(self._clock())
+        return self._trim(self._clock())
 
     def held(self) -> tuple[int, int]:
         return len(self._scored), len(self._pending)
@@ -481,6 +484,7 @@ class _Journal:
         self._db: sqlite3.Connection | None = None
         self._queue: list[tuple[list[_Op], asyncio.Future[None]]] = []
         self._flushing = False
+        self._flush_task: asyncio.Task[None] | None = None
         self._flushed = asyncio.Event()
         self._flushed.set()
         self._thread_lock = threading.Lock()
@@ -521,7 +525,8 @@ class _Journal:
         if not self._flushing:
             self._flushing = True
             self._flushed.clear()
-            asyncio.get_running_loop().create_task(self._flush())
+            # Kept: the loop holds only a weak reference to a task.
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush())
         await asyncio.shield(future)
 
     async def _flush(self) -> None:

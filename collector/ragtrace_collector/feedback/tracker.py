@@ -132,8 +132,15 @@ class AgreementTracker:
         todo: list[tuple[SeriesKey, list[tuple[float, float]], float | None]] = []
         gone: list[SeriesKey] = []
         with self._lock:
-            spent = 0
-            for key, held in list(self._series.items()):
+            keys = list(self._series)
+        spent = 0
+        for key in keys:
+            # The lock is taken per series (at most max_pairs copied under it), so add()
+            # on the event loop waits at most for one series' copy.
+            with self._lock:
+                held = self._series.get(key)
+                if held is None:
+                    continue
                 pairs = held.pairs
                 while pairs and next(iter(pairs.values()))[2] <= cutoff:
                     pairs.popitem(last=False)
@@ -153,7 +160,8 @@ class AgreementTracker:
         }
         with self._lock:
             for key in gone:
-                self._figures.pop(key, None)
+                if key not in self._series:
+                    self._figures.pop(key, None)
             self._figures.update(computed)
             return list(self._figures.values())
 
