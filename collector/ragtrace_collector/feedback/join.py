@@ -697,7 +697,6 @@ class RedisJoinStore(Component):
         clock: Callable[[], float] = time.time,
         client: Redis | None = None,
     ) -> None:
-        from redis.asyncio import Redis
         from redis.exceptions import RedisError
 
         self._config = config
@@ -708,15 +707,7 @@ class RedisJoinStore(Component):
         self._on_drop = on_drop or _ignore_drop
         self._clock = clock
         self._redis_error: type[Exception] = RedisError
-        self._redis: Redis = (
-            client
-            if client is not None
-            else Redis.from_url(
-                session_store.url,
-                socket_timeout=session_store.socket_timeout,
-                socket_connect_timeout=session_store.socket_timeout,
-            )
-        )
+        self._redis: Redis = client if client is not None else session_store.redis_client()
         self._add_score = self._redis.register_script(_ADD_SCORE)
         self._add_feedback = self._redis.register_script(_ADD_FEEDBACK)
         self._expire = self._redis.register_script(_EXPIRE)
