@@ -452,7 +452,13 @@ class Demo:
             ),
             None,
         )
-        print_table(console, feedback_table(self.feedback, sent=self.users.sent))
+        if self.feedback is not None:
+            print_table(console, feedback_table(self.feedback, sent=self.users.sent))
+        else:
+            console.print(
+                f"[dim]{self.users.sent} feedback sent; the collector did not answer "
+                "GET /feedback, so there is no ranking of the metrics to show.[/]"
+            )
         console.print()
         console.print(
             alert_panel(

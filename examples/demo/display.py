@@ -273,7 +273,7 @@ def results_table(report: SpanReport, fault: FaultMode, *, rollout: bool = False
     return table
 
 
-def feedback_table(report: dict[str, Any] | None, *, sent: int) -> Table:
+def feedback_table(report: dict[str, Any], *, sent: int) -> Table:
     """The metrics ranked by how well they predict a thumbs-down (the collector's
     ``GET /feedback``): AUROC with its interval, Cohen's kappa at the threshold, and
     the joined requests behind them."""
@@ -288,12 +288,6 @@ def feedback_table(report: dict[str, Any] | None, *, sent: int) -> Table:
     table.add_column("95% interval", justify="right", style="dim")
     table.add_column("κ", justify="right")
     table.add_column("Pairs", justify="right", style="dim")
-    if report is None:
-        table.caption = (
-            f"{sent} feedback sent; the collector did not answer GET /feedback, so there "
-            "is no ranking to show."
-        )
-        return table
     for series in report.get("series", []):
         if series.get("name") != semconv.FEEDBACK_DEFAULT_NAME:
             continue

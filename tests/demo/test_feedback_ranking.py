@@ -37,3 +37,28 @@ def test_retrieval_metrics_rank_above_one_unrelated_to_retrieval() -> None:
     assert top["metric"] in {"id_context_recall", "non_llm_context_recall", "contextual_recall"}
     assert top["auroc"] > 0.65
     assert ranked["series"][-1]["auroc"] < 0.6
+
+
+def test_the_demo_panel_ranks_the_series_of_get_feedback() -> None:
+    from rich.console import Console
+
+    from examples.demo.display import feedback_table
+
+    report = {
+        "counts": {"recorded": 40},
+        "series": [
+            {"metric": "contextual_recall", "name": "user_feedback", "auroc": 0.81,
+             "interval": [0.7, 0.9], "kappa": 0.5, "pairs": 40},
+            {"metric": "faithfulness", "name": "user_feedback", "auroc": 0.55,
+             "interval": None, "kappa": None, "pairs": 40},
+            {"metric": "faithfulness", "name": "helpfulness", "auroc": 0.9,
+             "interval": None, "kappa": None, "pairs": 3},
+        ],
+    }  # fmt: skip
+    console = Console(width=120, record=True)
+    console.print(feedback_table(report, sent=50))
+    text = console.export_text()
+    assert text.index("contextual_recall") < text.index("faithfulness")
+    assert "0.810" in text
+    assert "0.900" not in text  # another feedback name is not this panel's
+    assert "50 feedback sent" in text
