@@ -142,6 +142,11 @@ class JoinStore(Protocol):
         the backend makes it."""
         ...
 
+    async def get(self, trace_id: str) -> JoinEntry | None:
+        """The entry held for ``trace_id`` (one past the window may linger until it
+        is dropped), or None."""
+        ...
+
     def held(self) -> tuple[int, int]:
         """(scored entries, pending entries) held, as last known."""
         ...
@@ -332,9 +337,9 @@ class MemoryJoinStore(Component):
     def held(self) -> tuple[int, int]:
         return len(self._scored), len(self._pending)
 
-    def entry(self, trace_id: str) -> JoinEntry | None:
-        """The entry held for ``trace_id`` (expired ones may linger until the next write)."""
-        return self._scored.get(trace_id) or self._pending.get(trace_id)
+    async def get(self, trace_id: str) -> JoinEntry | None:
+        entry = self._scored.get(trace_id) or self._pending.get(trace_id)
+        return _copy(entry) if entry is not None else None
 
     async def add_score(
         self,
@@ -712,6 +717,18 @@ class RedisJoinStore(Component):
         self._add_feedback = self._redis.register_script(_ADD_FEEDBACK)
         self._expire = self._redis.register_script(_EXPIRE)
         self._held = (0, 0)
+
+    async def get(self, trace_id: str) -> JoinEntry | None:
+        key = f"{self._prefix}t:{trace_id}"
+        try:
+            async with asyncio.timeout(self._timeout):
+                fields = await self._redis.hgetall(key)
+        except (self._redis_error, TimeoutError, OSError) as exc:
+            raise JoinStoreError(f"feedback join (redis {self._url}): get failed: {exc}") from None
+        if not fields:
+            return None
+        flat = [part for pair in dict(fields).items() for part in pair]
+        return _entry_from_hash(trace_id, flat)
 
     def _indexes(self) -> list[str]:
         return [f"{self._prefix}scored", f"{self._prefix}pending"]
