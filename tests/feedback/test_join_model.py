@@ -11,10 +11,11 @@ must have produced.  Invariants, after every step:
   model's pairs (one per request, user and metric);
 * the bounds hold: at most ``max_requests`` scored and ``max_pending`` pending entries.
 
-Checked to fail on broken code (see the report of issue 30): with the upsert turned
-into an insert that keeps the first feedback (``entry.feedback.setdefault``), with the
-window trim done after the lookup (an expired entry written to), and without the
-SQLite write of feedback.
+Checked to fail on broken code (issue 30's report): an upsert that keeps the first
+feedback (``entry.feedback.setdefault``), the window trim done after the lookup (an
+expired entry written to, then dropped), the journal's delete of an expired trace run
+after its new rows (both found as real bugs by this machine), no SQLite write of
+feedback, and, on Redis, ``HSETNX`` for the feedback field (no upsert).
 """
 
 from __future__ import annotations
