@@ -292,3 +292,20 @@ async def test_observers_hear_each_key_once() -> None:
         assert heard == [("shop", "user_feedback", 0.0, TRACE, ())]
     finally:
         await stage.shutdown(1.0)
+
+
+async def test_the_counter_bounds_its_service_and_name_labels() -> None:
+    telemetry = Telemetry(CollectorRegistry())
+    m = Maker("memory", Path("."), None)
+    try:
+        stage = await m.make(telemetry, max_series=2)
+        for i in range(4):
+            await stage.record(fb(trace(i), value=1.0, name=f"name-{i}"))
+        get = telemetry.registry.get_sample_value
+        for name in ("name-0", "name-1"):
+            labels = {"service": "shop", "name": name, "outcome": "positive"}
+            assert get("ragtrace_feedback_total", labels) == 1
+        other = {"service": "other", "name": "other", "outcome": "positive"}
+        assert get("ragtrace_feedback_total", other) == 2
+    finally:
+        await m.close()
