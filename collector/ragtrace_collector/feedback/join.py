@@ -384,6 +384,7 @@ class MemoryJoinStore(Component):
         first = entry is None
         if entry is None:
             entry = self._pending[trace_id] = JoinEntry(trace_id, at)
+        earlier = entry.feedback.get(feedback.key)
         entry.feedback[feedback.key] = feedback
         dropped += self._trim(at)
         if self._journal is not None:
@@ -392,7 +393,17 @@ class MemoryJoinStore(Component):
             if first:
                 ops.append((_Journal.put_entry, (entry,)))
             ops.append((_Journal.put_feedback, (feedback,)))
-            await self._write(ops)
+            try:
+                await self._write(ops)
+            except JoinStoreError:
+                # Not held, as the caller is told: its retry is then a new feedback.
+                if earlier is not None:
+                    entry.feedback[feedback.key] = earlier
+                else:
+                    entry.feedback.pop(feedback.key, None)
+                    if first:
+                        self._pending.pop(trace_id, None)
+                raise
         return FeedbackJoined(_copy(entry), replaced)
 
     async def expire(self, now: float) -> None:

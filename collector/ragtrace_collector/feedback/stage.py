@@ -113,7 +113,7 @@ class FeedbackStage:
         self._tracker = AgreementTracker(config, clock=clock)
         self._observers = list(observers)
         self._supervisor = supervisor or Supervisor()
-        self._own_supervisor = supervisor is None
+        self._tasks: list[asyncio.Task[None]] = []
         self._refresh_interval = refresh_interval
         self._scores: deque[tuple[str, str, str, float, float | None, tuple[str, ...]]] = deque()
         self._wake = asyncio.Event()
@@ -153,8 +153,10 @@ class FeedbackStage:
             for (service, metric), (score, threshold) in entry.scores.items():
                 for feedback in entry.feedback.values():
                     self._pair(service, metric, feedback, entry, score, threshold, now)
-        self._supervisor.spawn(self.component, self._score_worker, name="feedback_scores")
-        self._supervisor.spawn(self.component, self._refresh_loop, name="feedback_refresh")
+        self._tasks = [
+            self._supervisor.spawn(self.component, self._score_worker, name="feedback_scores"),
+            self._supervisor.spawn(self.component, self._refresh_loop, name="feedback_refresh"),
+        ]
         self.component.report(Status.OK)
 
     async def shutdown(self, grace: float = 5.0) -> None:
@@ -162,8 +164,11 @@ class FeedbackStage:
         self.component.report(Status.STOPPING)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.drain(), grace)
-        if self._own_supervisor:
-            await self._supervisor.stop(grace)
+        # The stage's own tasks stop before the store closes (whoever's supervisor runs them).
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
         await self._store.close()
         self.component.report(Status.STOPPED)
 
