@@ -292,3 +292,91 @@ async def test_observers_hear_each_key_once() -> None:
         assert heard == [("shop", "user_feedback", 0.0, TRACE, ())]
     finally:
         await stage.shutdown(1.0)
+
+
+async def test_the_counter_bounds_its_service_and_name_labels() -> None:
+    telemetry = Telemetry(CollectorRegistry())
+    m = Maker("memory", Path("."), None)
+    try:
+        stage = await m.make(telemetry, max_series=2)
+        for i in range(4):
+            await stage.record(fb(trace(i), value=1.0, name=f"name-{i}"))
+        get = telemetry.registry.get_sample_value
+        for name in ("name-0", "name-1"):
+            labels = {"service": "shop", "name": name, "outcome": "positive"}
+            assert get("ragtrace_feedback_total", labels) == 1
+        other = {"service": "other", "name": "other", "outcome": "positive"}
+        assert get("ragtrace_feedback_total", other) == 2
+    finally:
+        await m.close()
+
+
+async def test_a_score_is_kept_while_the_join_backend_fails() -> None:
+    """The worker's write fails once (Redis away): the supervisor restarts it and the
+    score, still queued, reaches the join; a failed record() raises and holds nothing."""
+    from ragtrace_collector.component import Supervisor
+    from ragtrace_collector.feedback.join import JoinStoreError, MemoryJoinStore
+
+    class Flaky(MemoryJoinStore):
+        fail = 1
+
+        async def add_score(self, *args: Any) -> Any:
+            if self.fail:
+                self.fail -= 1
+                raise JoinStoreError("down")
+            return await super().add_score(*args)
+
+        async def add_feedback(self, *args: Any) -> Any:
+            if self.fail:
+                raise JoinStoreError("down")
+            return await super().add_feedback(*args)
+
+    supervisor = Supervisor(initial_backoff=0.01, max_backoff=0.05)
+    store = Flaky(FeedbackConfig())
+    stage = FeedbackStage(
+        FeedbackConfig(), store=store, supervisor=supervisor, refresh_interval=3600
+    )
+    await stage.start()
+    try:
+        await score(stage, TRACE, "faithfulness", 0.4)
+        assert supervisor.failures == {"feedback_scores": 1}
+        await stage.record(fb(value=0.0))
+        assert pairs(stage, "faithfulness") == {(TRACE, "u1"): (0.4, 0.0)}
+        store.fail = 1
+        with pytest.raises(JoinStoreError):
+            await stage.record(fb(trace(9)))
+        assert await store.get(trace(9)) is None
+    finally:
+        await stage.shutdown(1.0)
+        await supervisor.stop(1.0)
+
+
+async def test_a_feedback_the_file_refused_is_not_held_and_counts_on_retry(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    from ragtrace_collector.feedback.join import JoinStoreError, MemoryJoinStore, _Journal
+
+    m = Maker("sqlite", tmp_path, None)
+    try:
+        stage = await m.make()
+        store = stage.store
+        assert isinstance(store, MemoryJoinStore)
+        original = _Journal.put_feedback
+
+        def broken(self: _Journal, feedback: Feedback) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        _Journal.put_feedback = broken  # type: ignore[method-assign]
+        try:
+            with pytest.raises(JoinStoreError):
+                await stage.record(fb(value=0.0))
+        finally:
+            _Journal.put_feedback = original  # type: ignore[method-assign]
+        assert await store.get(TRACE) is None
+        await stage.record(fb(value=0.0))  # the pipeline's retry
+        assert stage.report()["counts"]["recorded"] == 1
+        assert stage.report()["counts"]["replaced"] == 0
+    finally:
+        await m.close()

@@ -11,10 +11,11 @@ must have produced.  Invariants, after every step:
   model's pairs (one per request, user and metric);
 * the bounds hold: at most ``max_requests`` scored and ``max_pending`` pending entries.
 
-Checked to fail on broken code (see the report of issue 30): with the upsert turned
-into an insert that keeps the first feedback (``entry.feedback.setdefault``), with the
-window trim done after the lookup (an expired entry written to), and without the
-SQLite write of feedback.
+Checked to fail on broken code (issue 30's report): an upsert that keeps the first
+feedback (``entry.feedback.setdefault``), the window trim done after the lookup (an
+expired entry written to, then dropped), the journal's delete of an expired trace run
+after its new rows (both found as real bugs by this machine), no SQLite write of
+feedback, and, on Redis, ``HSETNX`` for the feedback field (no upsert).
 """
 
 from __future__ import annotations
@@ -22,19 +23,23 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import uuid
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ragtrace_collector.feedback.config import FeedbackConfig
-from ragtrace_collector.feedback.join import MemoryJoinStore
 from ragtrace_collector.feedback.record import Feedback
 from ragtrace_collector.feedback.stage import FeedbackStage
 from ragtrace_collector.results import MetricResult
+from ragtrace_collector.stores.session import SessionStoreConfig
+from tests.fakes.redis_server import RedisServer
 
 WINDOW = 100.0
 MAX_REQUESTS = 3
@@ -59,8 +64,14 @@ class _Clock:
 
 
 class JoinMachine(RuleBasedStateMachine):
+    """On the memory backend kept in SQLite; :class:`RedisJoinMachine` on Redis."""
+
+    #: Redis URL (the Redis variant), else None.
+    redis_url: str | None = None
+
     def __init__(self) -> None:
         super().__init__()
+        self.prefix = f"model:{uuid.uuid4().hex}:"
         self.loop = asyncio.new_event_loop()
         self.dir = Path(tempfile.mkdtemp(prefix="feedback-join-"))
         self.clock = _Clock()
@@ -77,9 +88,13 @@ class JoinMachine(RuleBasedStateMachine):
         self.stage = self._open()
 
     def _open(self) -> FeedbackStage:
+        redis = self.redis_url is not None
         stage = FeedbackStage(
-            self.config,
-            directory=self.dir,
+            self.config.model_copy(update={"key_prefix": self.prefix}),
+            directory=None if redis else self.dir,
+            session_store=(
+                SessionStoreConfig(backend="redis", url=self.redis_url) if redis else None
+            ),
             synchronous="NORMAL",  # no fsync per commit: the file is still re-read
             clock=self.clock,
             refresh_interval=3600,
@@ -105,6 +120,7 @@ class JoinMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ rules
     @rule(trace=st.sampled_from(TRACES), metric=st.sampled_from(METRICS), score=st.integers(0, 9))
     def score(self, trace: str, metric: str, score: int) -> None:
+        self.clock.now += 0.001  # distinct times: "oldest" is well defined
         value = score / 10
         result = MetricResult(metric=metric, score=value)
         self.stage.scored("svc", metric, result, trace, ())
@@ -122,6 +138,7 @@ class JoinMachine(RuleBasedStateMachine):
 
     @rule(trace=st.sampled_from(TRACES), user=st.sampled_from(USERS), value=st.booleans())
     def record(self, trace: str, user: str, value: bool) -> None:
+        self.clock.now += 0.001
         given = 1.0 if value else 0.0
         feedback = Feedback(
             trace_id=trace, span_id=None, name="f", value=given, value_type="boolean", user_id=user
@@ -140,6 +157,10 @@ class JoinMachine(RuleBasedStateMachine):
     def restart(self) -> None:
         self.loop.run_until_complete(self.stage.shutdown(1.0))
         self.stage = self._open()
+        if self.redis_url is not None:  # a replica's tracker starts empty
+            self.pairs = {}
+            self._trim()
+            return
         # The tracker is rebuilt from the join: the pairs of the entries still held.
         self.pairs = {
             (metric, trace, user): (score, given)
@@ -150,6 +171,8 @@ class JoinMachine(RuleBasedStateMachine):
         }
         self._trim()
 
+    # Redis expires a trace's hash by its own (real) clock: the fake one cannot move it.
+    @precondition(lambda self: self.redis_url is None)
     @rule(seconds=st.sampled_from([1.0, 30.0, 60.0, WINDOW]))
     def wait(self, seconds: float) -> None:
         self.clock.now += seconds
@@ -158,13 +181,12 @@ class JoinMachine(RuleBasedStateMachine):
     @invariant()
     def nothing_held_is_lost(self) -> None:
         store = self.stage.store
-        assert isinstance(store, MemoryJoinStore)
         cutoff = self.clock.now - WINDOW
         for side in (self.scored, self.pending):
             for trace, entry in side.items():
                 if entry.since <= cutoff:
                     continue  # expired: may linger until the next write
-                held = store.entry(trace)
+                held = self.loop.run_until_complete(store.get(trace))
                 assert held is not None, f"{trace} lost"
                 assert {m: s for (_, m), (s, _) in held.scores.items()} == entry.scores
                 assert {k[2]: f.value for k, f in held.feedback.items()} == entry.feedback
@@ -186,10 +208,31 @@ class JoinMachine(RuleBasedStateMachine):
         assert pending <= MAX_PENDING
 
 
-JoinMachine.TestCase.settings = settings(
+_SETTINGS = settings(
     max_examples=40,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+JoinMachine.TestCase.settings = _SETTINGS
 TestJoin = JoinMachine.TestCase
+
+
+class RedisJoinMachine(JoinMachine):
+    pass
+
+
+RedisJoinMachine.TestCase.settings = _SETTINGS
+
+
+@pytest.fixture
+def _redis_machine(redis_server: RedisServer) -> Iterator[None]:
+    RedisJoinMachine.redis_url = redis_server.url
+    yield
+    RedisJoinMachine.redis_url = None
+
+
+@pytest.mark.services
+@pytest.mark.usefixtures("_redis_machine")
+class TestRedisJoin(RedisJoinMachine.TestCase):  # type: ignore[misc,valid-type]
+    pass

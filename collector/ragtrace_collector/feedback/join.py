@@ -142,6 +142,11 @@ class JoinStore(Protocol):
         the backend makes it."""
         ...
 
+    async def get(self, trace_id: str) -> JoinEntry | None:
+        """The entry held for ``trace_id`` (one past the window may linger until it
+        is dropped), or None."""
+        ...
+
     def held(self) -> tuple[int, int]:
         """(scored entries, pending entries) held, as last known."""
         ...
@@ -300,12 +305,15 @@ class MemoryJoinStore(Component):
             except (sqlite3.Error, OSError) as exc:
                 self.report(Status.PERMANENT_ERROR, f"cannot open the join's file: {exc}")
                 raise JoinStoreError(f"feedback join ({self._journal.path}): {exc}") from exc
-            self._restore(rows)
+            dropped = self._restore(rows)
+            if dropped:  # over the bounds (lowered since): gone from the file too
+                await self._write([(_Journal.delete, (dropped,))])
         self.report(Status.OK)
         return [_copy(e) for e in self._scored.values() if e.feedback]
 
-    def _restore(self, rows: _Rows) -> None:
-        """The entries of a previous run, oldest first, then the bounds applied."""
+    def _restore(self, rows: _Rows) -> list[str]:
+        """The entries of a previous run, oldest first, then the bounds applied; the
+        trace ids those dropped."""
         entries: dict[str, JoinEntry] = {}
         for trace_id, since, scored, labels in rows.entries:
             entries[trace_id] = JoinEntry(trace_id, since, bool(scored), _labels_from_json(labels))
@@ -324,14 +332,14 @@ class MemoryJoinStore(Component):
                 self._scored[entry.trace_id] = entry
             elif entry.feedback:
                 self._pending[entry.trace_id] = entry
-        self._trim(self._clock())
+        return self._trim(self._clock())
 
     def held(self) -> tuple[int, int]:
         return len(self._scored), len(self._pending)
 
-    def entry(self, trace_id: str) -> JoinEntry | None:
-        """The entry held for ``trace_id`` (expired ones may linger until the next write)."""
-        return self._scored.get(trace_id) or self._pending.get(trace_id)
+    async def get(self, trace_id: str) -> JoinEntry | None:
+        entry = self._scored.get(trace_id) or self._pending.get(trace_id)
+        return _copy(entry) if entry is not None else None
 
     async def add_score(
         self,
@@ -376,6 +384,7 @@ class MemoryJoinStore(Component):
         first = entry is None
         if entry is None:
             entry = self._pending[trace_id] = JoinEntry(trace_id, at)
+        earlier = entry.feedback.get(feedback.key)
         entry.feedback[feedback.key] = feedback
         dropped += self._trim(at)
         if self._journal is not None:
@@ -384,7 +393,17 @@ class MemoryJoinStore(Component):
             if first:
                 ops.append((_Journal.put_entry, (entry,)))
             ops.append((_Journal.put_feedback, (feedback,)))
-            await self._write(ops)
+            try:
+                await self._write(ops)
+            except JoinStoreError:
+                # Not held, as the caller is told: its retry is then a new feedback.
+                if earlier is not None:
+                    entry.feedback[feedback.key] = earlier
+                else:
+                    entry.feedback.pop(feedback.key, None)
+                    if first:
+                        self._pending.pop(trace_id, None)
+                raise
         return FeedbackJoined(_copy(entry), replaced)
 
     async def expire(self, now: float) -> None:
@@ -481,6 +500,7 @@ class _Journal:
         self._db: sqlite3.Connection | None = None
         self._queue: list[tuple[list[_Op], asyncio.Future[None]]] = []
         self._flushing = False
+        self._flush_task: asyncio.Task[None] | None = None
         self._flushed = asyncio.Event()
         self._flushed.set()
         self._thread_lock = threading.Lock()
@@ -521,7 +541,8 @@ class _Journal:
         if not self._flushing:
             self._flushing = True
             self._flushed.clear()
-            asyncio.get_running_loop().create_task(self._flush())
+            # Kept: the loop holds only a weak reference to a task.
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush())
         await asyncio.shield(future)
 
     async def _flush(self) -> None:
@@ -692,7 +713,6 @@ class RedisJoinStore(Component):
         clock: Callable[[], float] = time.time,
         client: Redis | None = None,
     ) -> None:
-        from redis.asyncio import Redis
         from redis.exceptions import RedisError
 
         self._config = config
@@ -703,19 +723,23 @@ class RedisJoinStore(Component):
         self._on_drop = on_drop or _ignore_drop
         self._clock = clock
         self._redis_error: type[Exception] = RedisError
-        self._redis: Redis = (
-            client
-            if client is not None
-            else Redis.from_url(
-                session_store.url,
-                socket_timeout=session_store.socket_timeout,
-                socket_connect_timeout=session_store.socket_timeout,
-            )
-        )
+        self._redis: Redis = client if client is not None else session_store.redis_client()
         self._add_score = self._redis.register_script(_ADD_SCORE)
         self._add_feedback = self._redis.register_script(_ADD_FEEDBACK)
         self._expire = self._redis.register_script(_EXPIRE)
         self._held = (0, 0)
+
+    async def get(self, trace_id: str) -> JoinEntry | None:
+        key = f"{self._prefix}t:{trace_id}"
+        try:
+            async with asyncio.timeout(self._timeout):
+                fields = await self._redis.hgetall(key)
+        except (self._redis_error, TimeoutError, OSError) as exc:
+            raise JoinStoreError(f"feedback join (redis {self._url}): get failed: {exc}") from None
+        if not fields:
+            return None
+        flat = [part for pair in dict(fields).items() for part in pair]
+        return _entry_from_hash(trace_id, flat)
 
     def _indexes(self) -> list[str]:
         return [f"{self._prefix}scored", f"{self._prefix}pending"]

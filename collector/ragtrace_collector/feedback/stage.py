@@ -41,6 +41,7 @@ from ragtrace_collector.feedback.join import (
 )
 from ragtrace_collector.feedback.record import Feedback
 from ragtrace_collector.feedback.tracker import AgreementTracker, SeriesFigures, SeriesKey
+from ragtrace_collector.segments import OTHER as _OTHER
 from ragtrace_collector.segments import UNSET, SegmentKey
 
 if TYPE_CHECKING:
@@ -112,13 +113,14 @@ class FeedbackStage:
         self._tracker = AgreementTracker(config, clock=clock)
         self._observers = list(observers)
         self._supervisor = supervisor or Supervisor()
-        self._own_supervisor = supervisor is None
+        self._tasks: list[asyncio.Task[None]] = []
         self._refresh_interval = refresh_interval
         self._scores: deque[tuple[str, str, str, float, float | None, tuple[str, ...]]] = deque()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._gauged: set[SeriesKey] = set()
+        self._label_pairs: set[tuple[str, str]] = set()
         self._log = LazyLogger("feedback")
         #: counts for report(): recorded (new keys), replaced, pairs joined, and the
         #: refusals and unjoined feedback by reason.
@@ -151,8 +153,10 @@ class FeedbackStage:
             for (service, metric), (score, threshold) in entry.scores.items():
                 for feedback in entry.feedback.values():
                     self._pair(service, metric, feedback, entry, score, threshold, now)
-        self._supervisor.spawn(self.component, self._score_worker, name="feedback_scores")
-        self._supervisor.spawn(self.component, self._refresh_loop, name="feedback_refresh")
+        self._tasks = [
+            self._supervisor.spawn(self.component, self._score_worker, name="feedback_scores"),
+            self._supervisor.spawn(self.component, self._refresh_loop, name="feedback_refresh"),
+        ]
         self.component.report(Status.OK)
 
     async def shutdown(self, grace: float = 5.0) -> None:
@@ -160,8 +164,11 @@ class FeedbackStage:
         self.component.report(Status.STOPPING)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.drain(), grace)
-        if self._own_supervisor:
-            await self._supervisor.stop(grace)
+        # The stage's own tasks stop before the store closes (whoever's supervisor runs them).
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
         await self._store.close()
         self.component.report(Status.STOPPED)
 
@@ -280,12 +287,25 @@ class FeedbackStage:
         values = labels if labels is not None else self._unset
         service = feedback.service or next(iter(entry.scores), (_NO_SERVICE, ""))[0]
         if self._metrics is not None:
-            self._metrics.total.labels(service, feedback.name, *values, feedback.outcome).inc()
+            shown_service, shown_name = self._counted_as(service, feedback.name)
+            self._metrics.total.labels(shown_service, shown_name, *values, feedback.outcome).inc()
         for observe in self._observers:
             try:
                 observe(service, feedback.name, feedback.value, feedback.trace_id, values)
             except Exception as exc:
                 self._log.error("feedback_observer_failed", error=repr(exc))
+
+    def _counted_as(self, service: str, name: str) -> tuple[str, str]:
+        """The labels of ``ragtrace_feedback_total`` for (service, name): as they are for
+        the first ``max_series`` pairs seen, ``other`` beyond (both come from clients,
+        so their number is bounded like the tracker's series)."""
+        key = (service, name)
+        if key in self._label_pairs:
+            return key
+        if len(self._label_pairs) < self._config.max_series:
+            self._label_pairs.add(key)
+            return key
+        return _OTHER, _OTHER
 
     async def _score_worker(self) -> None:
         queue = self._scores
