@@ -276,6 +276,31 @@ class CollectorProcess:
                     evaluated += value
         return ScoreTotals(totals.count, totals.total, evaluated, totals.by_index)
 
+    async def feedback(self, sent: int, wait: float = 15.0) -> dict[str, Any] | None:
+        """The collector's ``GET /feedback`` once it has counted the ``sent`` feedback
+        and computed figures (they refresh every few seconds), at most ``wait``
+        seconds; None if it never answered (a collector without the endpoint)."""
+        if self._session is None:
+            return None
+        deadline = time.monotonic() + wait
+        last: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            try:
+                async with self._session.get(f"{self.admin_url}/feedback") as resp:
+                    if resp.status == 404:
+                        return None
+                    if resp.status == 200:
+                        last = await resp.json()
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                pass
+            if last is not None:
+                counts = last.get("counts", {})
+                seen = int(counts.get("recorded", 0)) + int(counts.get("replaced", 0))
+                if seen >= sent and last.get("series"):
+                    return last
+            await asyncio.sleep(0.5)
+        return last
+
     async def stop(self, grace: float = 60.0) -> int | None:
         """Graceful shutdown (SIGTERM; the collector flushes every span), bounded."""
         if self._session is not None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -48,6 +48,7 @@ from ragtrace_collector.configbase import check_one_auth_source
 from ragtrace_collector.units import Duration, format_duration, parse_duration
 
 __all__ = [
+    "FEEDBACK_PREFIX",
     "AlertmanagerConfig",
     "AlertsConfig",
     "CanaryRule",
@@ -168,6 +169,22 @@ def _baseline_input(value: Any) -> Any:
     return value
 
 
+#: A rule's ``metric`` that starts with this watches user feedback of the name after
+#: it (``feedback:user_feedback``): each feedback's value (a thumbs-up 1, a thumbs-down
+#: 0), so a rise in negative feedback is a drop in its mean.
+FEEDBACK_PREFIX: Final = "feedback:"
+
+
+def feedback_series(name: str) -> str:
+    """The ``metric`` a rule names to watch the feedback called ``name``."""
+    return FEEDBACK_PREFIX + name
+
+
+def feedback_name(metric: str) -> str | None:
+    """The feedback name a rule's ``metric`` watches, or None for a metric."""
+    return metric[len(FEEDBACK_PREFIX) :] if metric.startswith(FEEDBACK_PREFIX) else None
+
+
 class _Rule(BaseModel):
     """What every rule kind shares: the metric, the window, the drop and the test."""
 
@@ -176,7 +193,11 @@ class _Rule(BaseModel):
     #: Unique rule name (default: ``<metric>_drop`` or ``<metric>_drop_<service>``;
     #: ``<metric>_canary...`` for a canary rule).
     name: str = Field(min_length=1)
-    metric: str = Field(min_length=1, description="The metric watched (a name of docs/metrics.md).")
+    metric: str = Field(
+        min_length=1,
+        description="The metric watched (a name of docs/metrics.md), or `feedback:NAME` for "
+        "the user feedback called NAME (a rise in negative feedback is a drop in its mean).",
+    )
     service: str | None = Field(
         None, description="Watch this service only; unset: each service separately."
     )

@@ -112,6 +112,7 @@ from ragtrace_collector.alerts.config import (
     DropRule,
     Rule,
     TrailingBaseline,
+    feedback_series,
 )
 from ragtrace_collector.alerts.events import AlertEvent, SegmentMean
 from ragtrace_collector.alerts.notifiers import Notifier, build_notifiers
@@ -403,6 +404,18 @@ class DropDetector:
                     if series is None:
                         continue
                 self._add(runtime, series, value, trace_id, t, now)
+
+    def observe_feedback(
+        self,
+        service: str,
+        name: str,
+        value: float,
+        trace_id: str | None = None,
+        segments: tuple[str, ...] = (),
+    ) -> None:
+        """Record one user feedback (a value in [0, 1]) for the rules on
+        ``feedback:<name>``; a feedback observer of the feedback stage."""
+        self.observe(service, feedback_series(name), value, trace_id, segments=segments)
 
     def _new_series(self, runtime: _RuleRuntime, key: SeriesKey) -> _Series | None:
         """A new series, unless the rule is at its services or series bound."""

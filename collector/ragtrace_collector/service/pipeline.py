@@ -98,6 +98,7 @@ from ragtrace_collector.component.logs import get_logger
 from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.evaluation.enrichment import is_carrier
 from ragtrace_collector.exporters.base import Exporter
+from ragtrace_collector.feedback.tap import FeedbackTap
 from ragtrace_collector.otlp.codec import (
     OtlpDecodeError,
     Span,
@@ -206,6 +207,8 @@ class Pipeline:
         )
         #: The processor's view of the log (outputs, holds, results found at start).
         self.ledger: OutputLedger | None = None
+        #: Reads feedback spans out of released traces for the join (set by the service).
+        self.feedback: FeedbackTap | None = None
         #: Copies of results not logged because the log was at its bound.
         self.results_not_logged = 0
         self._skipping_results = False
@@ -310,6 +313,12 @@ class Pipeline:
             return Refused(
                 "processor_busy",
                 f"the trace processor holds {self._held_spans} spans; retry later",
+                self._retry_after,
+            )
+        if self.feedback is not None and self.feedback.busy:
+            return Refused(
+                "processor_busy",
+                f"{self.feedback.in_flight} feedback wait for the join; retry later",
                 self._retry_after,
             )
         storage = self._storage.refusal() if self._storage is not None else None
@@ -605,7 +614,10 @@ class Pipeline:
         self._held[id(trace)] = (trace, count)
         self._held_spans += count
         try:
-            self.processor.submit(trace, self._forward)
+            if self.feedback is not None and self.feedback.take(trace, self.ledger):
+                self._forward(trace)  # feedback only: exported, never a case to evaluate
+            else:
+                self.processor.submit(trace, self._forward)
         except Exception as exc:
             self._log.error("processor_submit_failed", trace_id=trace.trace_id_hex, error=repr(exc))
             self._forward(trace)
