@@ -380,3 +380,18 @@ async def test_a_feedback_the_file_refused_is_not_held_and_counts_on_retry(
         assert stage.report()["counts"]["replaced"] == 0
     finally:
         await m.close()
+
+
+async def test_a_burst_of_scores_is_written_in_batches_the_last_one_winning(
+    maker: Maker,
+) -> None:
+    stage = await maker.make()
+    for i in range(300):  # more than one batch; each request scored twice
+        for value in (0.1, 0.9):
+            stage.scored("shop", "faithfulness", result("faithfulness", value), trace(i), ())
+    await stage.drain()
+    assert stage.store.held() == (300, 0)
+    for i in (0, 150, 299):
+        entry = await stage.store.get(trace(i))
+        assert entry is not None
+        assert entry.scores == {("shop", "faithfulness"): (0.9, 0.5)}
