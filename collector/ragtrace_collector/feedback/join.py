@@ -695,6 +695,11 @@ return {expired, redis.call('ZCARD', KEYS[1]), redis.call('ZCARD', KEYS[2])}
 """
 
 
+#: Redis calls of one join store in flight at once (redis-py's pool refuses beyond its
+#: connection limit).
+_REDIS_CALLS: Final = 32
+
+
 class RedisJoinStore(Component):
     """The join in Redis, shared by every replica (redis-py asyncio).
 
@@ -728,6 +733,7 @@ class RedisJoinStore(Component):
         self._add_feedback = self._redis.register_script(_ADD_FEEDBACK)
         self._expire = self._redis.register_script(_EXPIRE)
         self._held = (0, 0)
+        self._calls = asyncio.Semaphore(_REDIS_CALLS)
 
     async def get(self, trace_id: str) -> JoinEntry | None:
         key = f"{self._prefix}t:{trace_id}"
@@ -746,7 +752,9 @@ class RedisJoinStore(Component):
 
     async def _call(self, action: str, script: Any, keys: list[str], args: list[Any]) -> Any:
         try:
-            async with asyncio.timeout(self._timeout):
+            # Calls beyond _REDIS_CALLS wait their turn here rather than exhaust the
+            # client's connection pool; the timeout bounds the call itself.
+            async with self._calls, asyncio.timeout(self._timeout):
                 answer = await script(keys=keys, args=args)
         except (self._redis_error, TimeoutError, OSError) as exc:
             detail = (

@@ -59,8 +59,8 @@ FeedbackObserver = Callable[[str, str, float, str, tuple[str, ...]], None]
 #: Scores waiting for the join's worker at most; beyond it the oldest are dropped
 #: (counted as evicted requests): the join's backend is far behind.
 _MAX_QUEUED_SCORES: Final = 10_000
-#: Scores the join's worker writes at once.
-_SCORE_BATCH: Final = 256
+#: Scores the join's worker writes at once (SQLite commits them together).
+_SCORE_BATCH: Final = 32
 #: The service label of feedback whose span named none and whose scores are not held.
 _NO_SERVICE: Final = "unknown"
 
