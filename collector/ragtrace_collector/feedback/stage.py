@@ -181,6 +181,11 @@ class FeedbackStage:
             await self._idle.wait()
             await asyncio.sleep(0)
 
+    def add_observer(self, observer: FeedbackObserver) -> None:
+        """Hear each new feedback from now on (e.g. the drop detector's
+        ``observe_feedback``, built after this stage)."""
+        self._observers.append(observer)
+
     # --------------------------------------------------------------------- input
     def scored(
         self,
