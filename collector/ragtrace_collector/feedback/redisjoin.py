@@ -43,9 +43,28 @@ __all__ = ["RedisJoinStore"]
 # entry bounds; the scripts drop what is past the window or over a bound from them
 # (and the evicted traces' hashes).  Every script returns the counts of both indexes.
 
+# Both writes' bound: pop the oldest traces of an index beyond ``bound`` and delete
+# their hashes; how many.
+_EVICT: Final = """
+local function evict(index, bound, prefix)
+  local evicted = 0
+  local over = redis.call('ZCARD', index) - tonumber(bound)
+  if over > 0 then
+    local old = redis.call('ZPOPMIN', index, over)
+    for i = 1, #old, 2 do
+      redis.call('DEL', prefix .. old[i])
+      evicted = evicted + 1
+    end
+  end
+  return evicted
+end
+"""
+
 # KEYS: hash, scored index, pending index.  ARGV: trace id, field, score JSON, labels
 # JSON, now, ttl ms, max_requests, window s, hash prefix.
-_ADD_SCORE: Final = """
+_ADD_SCORE: Final = (
+    _EVICT
+    + """
 if redis.call('HEXISTS', KEYS[1], '~scored') == 0 then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('HDEL', KEYS[1], '~pending')
@@ -55,22 +74,17 @@ if redis.call('HEXISTS', KEYS[1], '~scored') == 0 then
 end
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3], '~labels', ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[5]) - tonumber(ARGV[8]))
-local evicted = 0
-local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[7])
-if over > 0 then
-  local old = redis.call('ZPOPMIN', KEYS[2], over)
-  for i = 1, #old, 2 do
-    redis.call('DEL', ARGV[9] .. old[i])
-    evicted = evicted + 1
-  end
-end
+local evicted = evict(KEYS[2], ARGV[7], ARGV[9])
 return {0, evicted, 0, redis.call('ZCARD', KEYS[2]), redis.call('ZCARD', KEYS[3]),
         redis.call('HGETALL', KEYS[1])}
 """
+)
 
 # KEYS: hash, scored index, pending index.  ARGV: trace id, field, feedback JSON, now,
 # ttl ms, max_pending, window s, hash prefix, max feedback per request.
-_ADD_FEEDBACK: Final = """
+_ADD_FEEDBACK: Final = (
+    _EVICT
+    + """
 local exists = redis.call('HEXISTS', KEYS[1], ARGV[2])
 if exists == 0 and tonumber(redis.call('HGET', KEYS[1], '~nf') or '0') >= tonumber(ARGV[9]) then
   return {-1}
@@ -81,20 +95,14 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   expired = redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', tonumber(ARGV[4]) - tonumber(ARGV[7]))
-  local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[6])
-  if over > 0 then
-    local old = redis.call('ZPOPMIN', KEYS[3], over)
-    for i = 1, #old, 2 do
-      redis.call('DEL', ARGV[8] .. old[i])
-      evicted = evicted + 1
-    end
-  end
+  evicted = evict(KEYS[3], ARGV[6], ARGV[8])
 end
 if exists == 0 then redis.call('HINCRBY', KEYS[1], '~nf', 1) end
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
 return {exists, evicted, expired, redis.call('ZCARD', KEYS[2]), redis.call('ZCARD', KEYS[3]),
         redis.call('HGETALL', KEYS[1])}
 """
+)
 
 # KEYS: scored index, pending index.  ARGV: cutoff.
 _EXPIRE: Final = """
