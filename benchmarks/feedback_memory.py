@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collector"))
 
 from ragtrace_collector.feedback.config import FeedbackConfig
-from ragtrace_collector.feedback.join import MemoryJoinStore
+from ragtrace_collector.feedback.memory import MemoryJoinStore
 from ragtrace_collector.feedback.record import Feedback
 from ragtrace_collector.feedback.tracker import AgreementTracker
 

@@ -78,10 +78,10 @@ async def test_a_rise_in_negative_feedback_fires_the_rule_for_its_segment() -> N
     stage = FeedbackStage(
         FeedbackConfig(),
         segments=keys,
-        observers=[det.observe_feedback],
         clock=clock,
         refresh_interval=3600,
     )
+    stage.add_observer(det.observe_feedback)
     await stage.start()
     rng = random.Random(7)
     try:

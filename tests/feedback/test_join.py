@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.feedback.config import MAX_FEEDBACK_PER_REQUEST, FeedbackConfig
-from ragtrace_collector.feedback.join import SQLITE_FILE
+from ragtrace_collector.feedback.memory import SQLITE_FILE
 from ragtrace_collector.feedback.record import Feedback
 from ragtrace_collector.feedback.stage import FeedbackStage
 from ragtrace_collector.results import MetricResult
@@ -315,7 +315,8 @@ async def test_a_score_is_kept_while_the_join_backend_fails() -> None:
     """The worker's write fails once (Redis away): the supervisor restarts it and the
     score, still queued, reaches the join; a failed record() raises and holds nothing."""
     from ragtrace_collector.component import Supervisor
-    from ragtrace_collector.feedback.join import JoinStoreError, MemoryJoinStore
+    from ragtrace_collector.feedback.join import JoinStoreError
+    from ragtrace_collector.feedback.memory import MemoryJoinStore
 
     class Flaky(MemoryJoinStore):
         fail = 1
@@ -356,7 +357,8 @@ async def test_a_feedback_the_file_refused_is_not_held_and_counts_on_retry(
 ) -> None:
     import sqlite3
 
-    from ragtrace_collector.feedback.join import JoinStoreError, MemoryJoinStore, _Journal
+    from ragtrace_collector.feedback.join import JoinStoreError
+    from ragtrace_collector.feedback.memory import MemoryJoinStore, _Journal
 
     m = Maker("sqlite", tmp_path, None)
     try:
@@ -380,3 +382,19 @@ async def test_a_feedback_the_file_refused_is_not_held_and_counts_on_retry(
         assert stage.report()["counts"]["replaced"] == 0
     finally:
         await m.close()
+
+
+async def test_a_burst_of_scores_is_written_in_batches_the_last_one_winning(
+    maker: Maker,
+) -> None:
+    stage = await maker.make()
+    for i in range(300):  # more than one batch; each request scored twice
+        for value in (0.1, 0.9):
+            stage.scored("shop", "faithfulness", result("faithfulness", value), trace(i), ())
+    await stage.drain()
+    await stage.refresh()  # held() as counted now (Redis: as its last answer said)
+    assert stage.store.held() == (300, 0)
+    for i in (0, 150, 299):
+        entry = await stage.store.get(trace(i))
+        assert entry is not None
+        assert entry.scores == {("shop", "faithfulness"): (0.9, 0.5)}

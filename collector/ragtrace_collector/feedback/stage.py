@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -58,6 +59,8 @@ FeedbackObserver = Callable[[str, str, float, str, tuple[str, ...]], None]
 #: Scores waiting for the join's worker at most; beyond it the oldest are dropped
 #: (counted as evicted requests): the join's backend is far behind.
 _MAX_QUEUED_SCORES: Final = 10_000
+#: Scores the join's worker writes at once (SQLite commits them together).
+_SCORE_BATCH: Final = 32
 #: The service label of feedback whose span named none and whose scores are not held.
 _NO_SERVICE: Final = "unknown"
 
@@ -177,6 +180,11 @@ class FeedbackStage:
         while self._scores or not self._idle.is_set():
             await self._idle.wait()
             await asyncio.sleep(0)
+
+    def add_observer(self, observer: FeedbackObserver) -> None:
+        """Hear each new feedback from now on (e.g. the drop detector's
+        ``observe_feedback``, built after this stage)."""
+        self._observers.append(observer)
 
     # --------------------------------------------------------------------- input
     def scored(
@@ -315,14 +323,26 @@ class FeedbackStage:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            trace_id, service, metric, score, threshold, labels = queue[0]
+            # A batch written concurrently: with SQLite, its writes share one commit.
+            batch = list(itertools.islice(queue, _SCORE_BATCH))
+            # The last score of a (request, service, metric) in the batch wins, whatever
+            # order concurrent writes land in.
+            latest = list({(b[0], b[1], b[2]): b for b in batch}.values())
             now = self._clock()
-            entry = await self._store.add_score(
-                trace_id, (service, metric), (score, threshold), labels, now
+            entries = await asyncio.gather(
+                *(
+                    self._store.add_score(trace_id, (service, metric), (score, limit), labels, now)
+                    for trace_id, service, metric, score, limit, labels in latest
+                )
             )
-            queue.popleft()  # only once held: a restarted worker takes it again
-            for feedback in entry.feedback.values():
-                self._pair(service, metric, feedback, entry, score, threshold, now)
+            # Only once held (a restarted worker writes the batch again: an upsert).  The
+            # queue's head may have lost some of them to its bound meanwhile.
+            written = {id(item) for item in batch}
+            while queue and id(queue[0]) in written:
+                queue.popleft()
+            for (_, service, metric, score, limit, _), entry in zip(latest, entries, strict=True):
+                for feedback in entry.feedback.values():
+                    self._pair(service, metric, feedback, entry, score, limit, now)
 
     async def _refresh_loop(self) -> None:
         while True:
