@@ -34,6 +34,7 @@ from rich.live import Live
 
 import ragtrace
 from examples.demo.collector import (
+    DEMO_METRICS,
     CollectorError,
     CollectorProcess,
     collector_config,
@@ -70,7 +71,6 @@ from examples.demo.traffic import DemoBot, IndexedBot, Phase, TrafficDriver
 from examples.demo.webhook import AlertReceiver
 from examples.support_bot import FaultMode
 from ragtrace import semconv
-from ragtrace_collector.metrics import OFFLINE_METRICS
 
 __all__ = ["main"]
 
@@ -240,7 +240,7 @@ class Demo:
         records = list(read_spans(self.out / _SPANS))
         report = summarise(
             records,
-            OFFLINE_METRICS,
+            DEMO_METRICS,
             degraded.started_ns,
             split_by=INDEX_VERSION_KEY if self.rollout else None,
         )
@@ -321,7 +321,7 @@ class Demo:
             f"collector ready (pid {self.collector.pid}): OTLP/HTTP on "
             f"[cyan]{self.collector.otlp_http_url}[/], metrics on "
             f"[cyan]{self.collector.admin_url}/metrics[/]; "
-            f"{len(OFFLINE_METRICS)} metrics, offline judge, sampling 100%"
+            f"{len(DEMO_METRICS)} metrics, offline judge, sampling 100%"
         )
         if self.phoenix is not None:
             await self.phoenix.wait_ready()

@@ -26,6 +26,11 @@ from examples.demo.processes import ChildProcess, tail
 from ragtrace_collector.metrics import OFFLINE_METRICS
 from ragtrace_collector.segments import prometheus_label
 
+#: The demo's metrics: the offline set, and answer_relevancy, which reads only the
+#: question and the answer, so the feedback ranking shows a metric that cannot tell a
+#: missed article apart ranking low.
+DEMO_METRICS: tuple[str, ...] = (*OFFLINE_METRICS, "answer_relevancy")
+
 __all__ = [
     "CollectorError",
     "CollectorProcess",
@@ -82,7 +87,7 @@ def collector_config(
         # Ready 300 ms after a trace's last span: quick enough to watch live.
         "assembly": {"decision_wait": "300ms", "max_trace_wait": "10s"},
         "judge": {"model": "offline"},
-        "metrics": {name: {} for name in OFFLINE_METRICS},
+        "metrics": {name: {} for name in DEMO_METRICS},
         "sampling": {"rate": 1.0},
         "exporters": exporters,
         "alerts": {

@@ -22,19 +22,18 @@ import asyncio
 import random
 from typing import Any
 
+from examples.demo.collector import DEMO_METRICS
 from examples.demo.feedback import UserModel, found_answer
 from examples.support_bot import FaultMode, SupportBot, load_golden
 from ragtrace_collector.feedback.config import FeedbackConfig
 from ragtrace_collector.feedback.record import Feedback
 from ragtrace_collector.feedback.stage import FeedbackStage
-from ragtrace_collector.metrics import OFFLINE_METRICS
 from ragtrace_collector.offline import evaluate_rows
 
 SERVICE = "support-bot"
 FAULTS = (FaultMode.WRONG_INDEX, FaultMode.DROP_TOP, FaultMode.SHUFFLE)
-#: The demo's metrics (the offline set, single-turn) and answer_relevancy, which looks
-#: at the answer and the question only: it should not tell a missed article apart.
-METRICS = [m for m in OFFLINE_METRICS if not m.startswith("turn_")] + ["answer_relevancy"]
+#: The live demo's metrics, single-turn.
+METRICS = [m for m in DEMO_METRICS if not m.startswith("turn_")]
 
 
 def _requests(count: int, fault_share: float, rng: random.Random) -> list[dict[str, Any]]:
