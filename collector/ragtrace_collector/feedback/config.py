@@ -58,7 +58,7 @@ class FeedbackConfig(StrictModel):
         description="Joined (score, feedback) pairs older than this leave the agreement figures.",
     )
     max_pairs: int = Field(
-        10_000,
+        2_000,
         ge=2,
         description="Pairs kept per series (service, metric, feedback name, segment "
         "values); the oldest are dropped first.",
@@ -68,7 +68,7 @@ class FeedbackConfig(StrictModel):
         ge=1,
         description="Series the agreement tracker keeps; pairs of a new series beyond it "
         "are counted, not kept.  A pair holds about 400 bytes, so the tracker's bound is "
-        "about `max_series` x `max_pairs` x 400 B (380 MiB at the defaults).",
+        "about `max_series` x `max_pairs` x 400 B (76 MiB at the defaults).",
     )
     max_body: ByteSize = Field(
         64 * 1024,
