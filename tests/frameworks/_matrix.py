@@ -26,10 +26,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -46,6 +46,8 @@ from tests.e2e._instrumented import (
 )
 from tests.e2e._support import Serve, assert_scored, flat
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
+
+T = TypeVar("T")
 
 __all__ = [
     "ANSWER_METRICS",
@@ -174,6 +176,20 @@ def wait_scored(sink: OtlpSink, count: int, timeout: float = 60.0) -> list[Recei
         ]
         raise AssertionError(f"{count} scored spans expected; arrived: {arrived}") from None
     return sink.spans
+
+
+def converse(
+    sink: OtlpSink, ask: Callable[[str], T], flush: Callable[[], object] | None = None
+) -> list[tuple[str, T]]:
+    """Ask every question of :data:`QUESTIONS` in turn, as a user waits for each answer
+    (flushed, then scored) before the next; the (question, answer) turns."""
+    turns = []
+    for n, question in enumerate(QUESTIONS, 1):
+        turns.append((question, ask(question)))
+        if flush is not None:
+            flush()
+        wait_scored(sink, n)
+    return turns
 
 
 def assert_ids_scored(

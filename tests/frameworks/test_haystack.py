@@ -33,6 +33,7 @@ from tests.frameworks._matrix import (
     assert_ids_scored,
     assert_ids_skipped,
     assert_text_metrics_scored,
+    converse,
     matrix_collector,
     only_case,
     provider,
@@ -277,17 +278,13 @@ def test_openinference_conversation(
     from openinference.instrumentation import using_session
 
     session = f"sess-{uuid.uuid4().hex[:8]}"
-    turns: list[tuple[str, Retrieved]] = []
     metrics: dict[str, dict[str, Any]] = {name: {} for name in (*TURN_METRICS, "id_context_recall")}
     with matrix_collector(sink, tmp_path, metrics) as serve:
         tp = provider(serve, "haystack-chat")
         pipeline = _pipeline(llm_server, "id")
         openinference.instrument(tracer_provider=tp)
         with using_session(session):
-            for n, question in enumerate(QUESTIONS, 1):
-                turns.append((question, _ask(pipeline, question)))
-                tp.force_flush()
-                wait_scored(sink, n)
+            turns = converse(sink, lambda q: _ask(pipeline, q), tp.force_flush)
         tp.shutdown()
         roots = tops(sink.spans)
     assert [r.attributes[semconv.SESSION_ID] for r in roots] == [session] * 3

@@ -32,6 +32,7 @@ from tests.frameworks._matrix import (
     assert_ids_scored,
     assert_ids_skipped,
     assert_text_metrics_scored,
+    converse,
     matrix_collector,
     only_case,
     provider,
@@ -299,17 +300,13 @@ def _conversation(
     sink: OtlpSink, tmp_path: Path, instrumentor: Any, service: str, **per_turn: Any
 ) -> tuple[list[ReceivedSpan], list[tuple[str, Retrieved]]]:
     """Three questions of one conversation, each answered before the next is asked."""
-    turns: list[tuple[str, Retrieved]] = []
     metrics: dict[str, dict[str, Any]] = {name: {} for name in TURN_METRICS}
     metrics["id_context_recall"] = {}
     with matrix_collector(sink, tmp_path, metrics) as serve:
         tp = provider(serve, service)
         instrumentor.instrument(tracer_provider=tp)
         chain, seen = _chain(ids_in_metadata=True)
-        for n, question in enumerate(QUESTIONS, 1):
-            turns.append((question, _ask(chain, seen, question, **per_turn)))
-            tp.force_flush()
-            wait_scored(sink, n)  # a user waits for each answer
+        turns = converse(sink, lambda q: _ask(chain, seen, q, **per_turn), tp.force_flush)
         tp.shutdown()
         spans = sink.spans
     roots = tops(spans)

@@ -31,8 +31,10 @@ from tests.frameworks._matrix import (
     assert_conversation_scored,
     assert_ids_scored,
     assert_text_metrics_scored,
+    converse,
     matrix_collector,
     only_case,
+    tops,
     wait_scored,
 )
 from tests.frameworks._tracing_apps import AppProcess
@@ -88,17 +90,11 @@ def test_langfuse_sessions(sink: OtlpSink, tmp_path: Path, llm_server: JudgeServ
     """``propagate_attributes(session_id=...)``: ``session.id`` on every observation,
     three turns."""
     session = f"langfuse-{uuid.uuid4().hex[:8]}"
-    turns = []
     metrics: dict[str, dict[str, Any]] = {name: {} for name in (*TURN_METRICS, "id_context_recall")}
     with matrix_collector(sink, tmp_path, metrics) as serve:
         with langfuse_app(serve, "langfuse-chat", llm_server) as app:
-            for n, question in enumerate(QUESTIONS, 1):
-                turns.append((question, app.ask(question, session=session)))
-                wait_scored(sink, n)
-        roots = sorted(
-            (s for s in sink.spans if not s.span.parent_span_id),
-            key=lambda s: s.span.start_time_unix_nano,
-        )
+            turns = converse(sink, lambda q: app.ask(q, session=session))
+        roots = tops(sink.spans)
     assert [r.attributes[semconv.SESSION_ID] for r in roots] == [session] * 3
     assert_conversation_scored(roots, turns)
 

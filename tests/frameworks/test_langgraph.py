@@ -41,6 +41,7 @@ from tests.frameworks._matrix import (
     assert_generation_scored,
     assert_ids_scored,
     assert_text_metrics_scored,
+    converse,
     matrix_collector,
     only_case,
     provider,
@@ -165,15 +166,11 @@ def test_openinference_thread(sink: OtlpSink, tmp_path: Path, openinference_lang
     metrics: dict[str, dict[str, Any]] = {
         name: {} for name in (*TURN_METRICS, *ANSWER_METRICS, "id_context_recall")
     }
-    turns: list[tuple[str, Retrieved]] = []
     with matrix_collector(sink, tmp_path, metrics) as serve:
         tp = provider(serve, "langgraph-oi-thread")
         openinference_langchain.instrument(tracer_provider=tp)
         agent, calls = _agent()
-        for n, question in enumerate(QUESTIONS, 1):
-            turns.append((question, _ask(agent, calls, question, thread)))
-            tp.force_flush()
-            wait_scored(sink, n)  # a user waits for each answer
+        turns = converse(sink, lambda q: _ask(agent, calls, q, thread), tp.force_flush)
         tp.shutdown()
         roots: list[ReceivedSpan] = tops(sink.spans)
     assert len(roots) == len(QUESTIONS)
