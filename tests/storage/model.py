@@ -8,12 +8,18 @@ Level
 The machine drives :class:`~ragtrace_collector.storage.service.Storage` itself, through
 its public API (``start``, ``append``, ``settle``, ``pin``, ``unpin``, ``outputs_of``,
 ``replay``, ``hold_replayed``, ``replayed_marks``, ``close``, ``refusal``,
-``set_exporters``, ``delivered``, ``settled``) and the record kinds of ``wal.py`` and
-``outputs.py``.  The test plays the pipeline's part as the storage's contract states
-it, and nothing more: a request is handed to every exporter once its write is
-acknowledged; a hold (``pin``) keeps it until its result is logged; a result is logged
-as an output record (on the span: no groups; on a carrier: one group, delivered from
-the record); a replay registers every record before asking for the next chunk; replayed
+``set_exporters``, ``delivered``, ``settled``, ``room_for_output``) and the record kinds
+of ``wal.py`` and ``outputs.py``, with ``outputs.Hold`` for holds.  The test plays the
+pipeline's part as ``service/pipeline.py`` does it, and nothing more: a request is
+handed to every exporter once its write is acknowledged; a hold (``pin``) keeps it
+until its result is logged; a result is logged as an output record, written as
+``Pipeline._append_output`` writes it (``timeout=False``, only when
+``room_for_output`` says so, else tried again later; a failed write is tried again):
+on a carrier (one group, delivered from the record; the hold ends once it is
+written), or on the span (no groups; the copy is left out when
+``room_for_output(needed=False)`` says no, and the trace goes on at once: the hold
+ends when the copy is queued); a replay registers every record before asking for the
+next chunk; replayed
 requests and carriers go to the exporters that ``delivered`` does not name, once the
 replay is over, and a request is judged again only when no result for it was replayed
 and ``settled`` does not name it.  At this level every event the invariants speak of
@@ -77,12 +83,13 @@ from ragtrace_collector.storage.outputs import (
     KIND_DELIVERED,
     KIND_OUTPUT,
     SETTLED_MARK,
+    Hold,
     decode_output,
     encode_marks,
     encode_output,
 )
 from ragtrace_collector.storage.service import Storage, segment_size_for
-from ragtrace_collector.storage.wal import KIND_REQUEST, AppendTimeout, Record, StorageError
+from ragtrace_collector.storage.wal import KIND_REQUEST, Record, StorageError
 
 __all__ = ["CHECKS", "PROFILES", "LogMachine", "Profile", "machine_for"]
 
@@ -98,6 +105,9 @@ _HEADER_SIZE = _HEAD.size + 4
 _MARK = b"\xa7\x5e\xd1\x0c"
 _CHECKPOINT = struct.Struct("<QI")
 _FIELDS = {"marker": 0, "kind": 4, "length": 8, "seq": 12, "payload": _HEADER_SIZE}
+#: The request a result was computed for, in an output record's body (the model's
+#: stand-in for the span a carrier links to, or the span a copy is).
+_TARGET = struct.Struct("<Q")
 
 #: The checks a profile can run.
 CHECKS = ("checkpoint", "clean_restart", "delivered", "holds", "disk_bound")
@@ -215,6 +225,10 @@ class _Observed(Storage):
         return future
 
 
+def _no_forward(_trace: Any, _hold: Hold) -> None:
+    raise AssertionError("the model logs results itself")
+
+
 def _group(seq: int) -> SpanGroup:
     return SpanGroup(None, "", None, "", [], wal_seq=seq)
 
@@ -276,9 +290,11 @@ class _Proc:
     disk: _Disk
     storage: _Observed
     queues: dict[str, list[int]] = field(default_factory=lambda: {e: [] for e in EXPORTERS})
-    #: Requests whose result is still to compute: source seq -> pinned seqs.
-    judging: dict[int, list[int]] = field(default_factory=dict)
-    #: Results computed and being logged: source seq -> still waiting.
+    #: Requests whose result is still to compute: source seq -> the hold on it (the
+    #: evaluator's ``ledger.hold``; for a result written on the span, it stands for the
+    #: processor holding the trace until it forwards it).
+    judging: dict[int, Hold] = field(default_factory=dict)
+    #: Results computed and being logged (their records not yet written).
     logging: set[int] = field(default_factory=set)
     retry: list[Callable[[], None]] = field(default_factory=list)
     replay: _Replay | None = None
@@ -425,7 +441,11 @@ class LogMachine(RuleBasedStateMachine):
     def _needs_judging(self, proc: _Proc, seq: int) -> None:
         if seq in self.judged and seq not in self.rejudge_ok:
             self._violation(f"request {seq} is judged again after a clean restart")
-        proc.judging[seq] = proc.storage.pin([seq])
+        self._take_hold(proc, seq)
+
+    def _take_hold(self, proc: _Proc, seq: int) -> None:
+        storage = proc.storage
+        proc.judging[seq] = Hold(storage.pin([seq]), _no_forward, storage.unpin)
 
     # -------------------------------------------------------------- appending
     def _append_request(self, payload: bytes) -> None:
@@ -442,7 +462,7 @@ class LogMachine(RuleBasedStateMachine):
 
         def admit() -> None:
             if self._current(proc):
-                proc.judging[seen[0]] = storage.pin(seen)
+                self._take_hold(proc, seen[0])
                 self._send(proc, seen[0], EXPORTERS)
 
         def done(future: asyncio.Future[None]) -> None:
@@ -456,56 +476,111 @@ class LogMachine(RuleBasedStateMachine):
         future.add_done_callback(done)
 
     def _log_result(self, proc: _Proc, source: int, *, carrier: bool, size: int) -> None:
-        """Log the result computed for ``source``: on a carrier (delivered from its
-        record) or on the span (a record with no groups).  Retried after a failed
-        write; an append timeout means "still being written"."""
+        """Log the result computed for ``source`` as the pipeline does.
+
+        On a carrier (``Pipeline._log_output`` through the evaluator's hold): the hold
+        counts the record being written, the evaluator releases the hold at once, and
+        the record's write (admitted: delivered from the record) ends the hold.  On the
+        span (``Pipeline._log_results``): a copy of the span, with no groups, left out
+        when ``room_for_output(needed=False)`` says the log is at its bound; the
+        processor forwards the trace right after queueing the copy (its hold ends
+        then), and the result travels on the span.  Both go through
+        :meth:`_append_output`.  The payload names ``source`` in its body, as a real
+        record names its span (a carrier's link, a copy's span id): a replay finds the
+        result by the span, not by the record's sources."""
         storage = proc.storage
-        body = (b"C" if carrier else b"R") + b"r" * size
-        payload = encode_output([source], body)
+        body = (b"C" if carrier else b"R") + _TARGET.pack(source) + b"r" * size
+        hold = proc.judging.get(source)
+        proc.logging.add(source)
+        if carrier:
+            sources = hold.sources if hold is not None else []
+            box: list[int] = []
 
-        def tag(seq: int) -> int:
-            storage.outputs_of(seq, [source])
-            return 1 if carrier else 0
+            def tag_carrier(seq: int) -> int:
+                storage.outputs_of(seq, sources)
+                box.append(seq)
+                return 1
 
-        def admit_at(seq_box: list[int]) -> Callable[[], None]:
-            def admit() -> None:
+            def admit_carrier() -> None:
                 if not self._current(proc):
                     return
-                self.judged.add(source)
-                self.rejudge_ok.discard(source)
-                proc.logging.discard(source)
-                if carrier:
-                    self.carriers[seq_box[0]] = source
-                    self._send(proc, seq_box[0], EXPORTERS)
-                storage.unpin(proc.judging.pop(source, []))
+                self._result_logged(proc, source)
+                self.carriers[box[-1]] = source
+                self._send(proc, box[-1], EXPORTERS)
+                if hold is not None:
+                    hold.logged()
 
-            return admit
+            if hold is not None:
+                hold.logging()
+            self._append_output(proc, encode_output(sources, body), tag_carrier, admit_carrier)
+            if hold is not None:
+                proc.judging.pop(source, None)
+                hold.release()  # the evaluator's job.release(), after the carrier is forwarded
+            return
+        # On the span (the pipeline's sources: the trace's entries).
+        payload = encode_output([source], body)
+        proc.judging.pop(source, None)
+        # On the span, the result goes out with the trace.  Until its copy is written, a
+        # replay may judge it again (no record says otherwise); left out at the bound,
+        # it is never written.
+        self.judged.add(source)
+        self.rejudge_ok.add(source)
+        if not storage.room_for_output(len(payload), needed=False):
+            proc.logging.discard(source)
+        else:
+
+            def tag_copy(seq: int) -> int:
+                storage.outputs_of(seq, [source])
+                return 0
+
+            def admit_copy() -> None:
+                if self._current(proc):
+                    self._result_logged(proc, source)
+
+            self._append_output(proc, payload, tag_copy, admit_copy)
+        if hold is not None:
+            hold.release()  # the trace is forwarded
+
+    def _result_logged(self, proc: _Proc, source: int) -> None:
+        self.judged.add(source)
+        self.rejudge_ok.discard(source)
+        proc.logging.discard(source)
+
+    def _append_output(
+        self,
+        proc: _Proc,
+        payload: bytes,
+        tag: Callable[[int], int],
+        admit: Callable[[], None],
+    ) -> None:
+        """``Pipeline._append_output``: written when ``room_for_output`` (a needed
+        record) says so, else tried again later; ``timeout=False`` (the future tells
+        the write's outcome, however late); a failed write is tried again; a refused
+        call (the log closed, the writer gone) gives up.  The pipeline's later tries
+        run on a timer; here at the end of each step (:meth:`_quiesce`)."""
+        storage = proc.storage
 
         def attempt() -> None:
             if not self._current(proc) or proc.closing:
                 return
-            box: list[int] = []
-
-            def tagged(seq: int) -> int:
-                box.append(seq)
-                return tag(seq)
-
+            if not storage.room_for_output(len(payload)):
+                proc.retry.append(attempt)
+                return
             try:
-                future = storage.append(payload, tag=tagged, admit=admit_at(box), kind=KIND_OUTPUT)
+                future = storage.append(
+                    payload, tag=tag, admit=admit, kind=KIND_OUTPUT, timeout=False
+                )
             except StorageError:
                 return
 
             def done(fut: asyncio.Future[None]) -> None:
                 if fut.cancelled() or fut.exception() is None:
                     return
-                if isinstance(fut.exception(), AppendTimeout):
-                    return  # still being written: admitted once it is
                 if self._current(proc):
                     proc.retry.append(attempt)
 
             future.add_done_callback(done)
 
-        proc.logging.add(source)
         attempt()
 
     # ------------------------------------------------------------------ rules
@@ -627,7 +702,7 @@ class LogMachine(RuleBasedStateMachine):
         rp.early.add(seq)
         # Not checked as a repeated judgement: its logged result, if any, may come
         # later in the log; judging before the replay is over is this client's risk.
-        proc.judging[seq] = proc.storage.pin([seq])
+        self._take_hold(proc, seq)
         self.judge_calls[seq] = self.judge_calls.get(seq, 0) + 1
         proc.judged.add(seq)
         self._log_result(proc, seq, carrier=True, size=100)
@@ -655,12 +730,13 @@ class LogMachine(RuleBasedStateMachine):
                 except ValueError:
                     storage.hold_replayed(seq, 0)
                     continue
+                (target,) = _TARGET.unpack_from(body, 1)
                 if body.startswith(b"C"):
                     storage.hold_replayed(seq, 1, sources)
-                    rp.carriers.append((seq, sources[0]))
+                    rp.carriers.append((seq, target))
                 else:
                     storage.hold_replayed(seq, 0, sources)
-                rp.results.update(sources)
+                rp.results.add(target)
             elif record.kind == KIND_DELIVERED:
                 storage.hold_replayed(seq, 0)
                 storage.replayed_marks(record.payload)

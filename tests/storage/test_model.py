@@ -261,11 +261,6 @@ def _play(profile: str, steps: list[Step]) -> None:
 #: The sequences that still fail, and why (the others pass since the storage rework and
 #: the keyed record check).  Integration state, to be closed before issue 27 lands.
 _STILL_FAILING: dict[str, str] = {
-    "defect4_a_hold_never_ends_after_a_timed_out_then_failed_output_write": "the model's "
-    "pipeline side still appends outputs with the append timeout (the pipeline now uses "
-    "timeout=False)",
-    "defect6_outputs_written_past_the_disk_bound": "the model's pipeline side does not ask "
-    "Storage.room_for_output before logging results",
     "found1_marks_release_an_entry_still_awaiting_its_result": "pins are not logged: a "
     "replay's delivery marks release an entry whose result is still to come",
 }
