@@ -7,7 +7,7 @@ Level
 
 The machine drives :class:`~ragtrace_collector.storage.service.Storage` itself, through
 its public API (``start``, ``append``, ``settle``, ``pin``, ``unpin``, ``outputs_of``,
-``replay``, ``hold_replayed``, ``replayed_marks``, ``close``, ``refusal``,
+``replay``, ``hold_replayed``, ``replayed_marks``, ``forwarded``, ``close``, ``refusal``,
 ``set_exporters``, ``delivered``, ``settled``, ``room_for_output``) and the record kinds
 of ``wal.py`` and ``outputs.py``, with ``outputs.Hold`` for holds.  The test plays the
 pipeline's part as ``service/pipeline.py`` does it, and nothing more: a request is
@@ -722,7 +722,7 @@ class LogMachine(RuleBasedStateMachine):
             record = rp.pending.pop(0)
             seq = record.seq
             if record.kind == KIND_REQUEST:
-                storage.hold_replayed(seq, 1)
+                storage.hold_replayed(seq, 1, to_forward=True)
                 rp.requests.append(seq)
             elif record.kind == KIND_OUTPUT:
                 try:
@@ -756,11 +756,15 @@ class LogMachine(RuleBasedStateMachine):
         storage = proc.storage
         for seq in rp.requests:
             if seq in storage.settled:
-                continue  # settled before the restart: neither sent nor judged
+                # Settled before the restart: neither sent nor judged (the pipeline's
+                # dispatch drops it).
+                storage.forwarded([_group(seq)])
+                continue
             if seq not in rp.results and seq not in rp.early:
-                self._needs_judging(proc, seq)
+                self._needs_judging(proc, seq)  # the hold, before the trace is forwarded
             have = storage.delivered.get(seq, set())
             self._send(proc, seq, [e for i, e in enumerate(EXPORTERS) if i not in have])
+            storage.forwarded([_group(seq)])
         for seq, _source in rp.carriers:
             have = storage.delivered.get(seq, set())
             self._send(proc, seq, [e for i, e in enumerate(EXPORTERS) if i not in have])

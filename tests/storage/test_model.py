@@ -260,10 +260,7 @@ def _play(profile: str, steps: list[Step]) -> None:
 
 #: The sequences that still fail, and why (the others pass since the storage rework and
 #: the keyed record check).  Integration state, to be closed before issue 27 lands.
-_STILL_FAILING: dict[str, str] = {
-    "found1_marks_release_an_entry_still_awaiting_its_result": "pins are not logged: a "
-    "replay's delivery marks release an entry whose result is still to come",
-}
+_STILL_FAILING: dict[str, str] = {}
 
 
 def _sequence_params() -> list[Any]:

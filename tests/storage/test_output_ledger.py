@@ -56,8 +56,9 @@ async def _write(storage: Storage, count: int, *, kind: int = KIND_REQUEST) -> l
     return seqs
 
 
-async def _replay(storage: Storage) -> dict[int, int]:
-    """Replay the way the pipeline does (requests hold one group); seq -> kind."""
+async def _replay(storage: Storage, *, to_forward: bool = False) -> dict[int, int]:
+    """Replay the way the pipeline does (requests hold one group, and with
+    ``to_forward`` wait for the processor as the pipeline's do); seq -> kind."""
     kinds: dict[int, int] = {}
     async for chunk in storage.replay():
         for record in chunk:
@@ -69,7 +70,7 @@ async def _replay(storage: Storage) -> dict[int, int]:
                 sources, _ = decode_output(record.payload)
                 storage.hold_replayed(record.seq, 0, sources)
             else:
-                storage.hold_replayed(record.seq, 1)
+                storage.hold_replayed(record.seq, 1, to_forward=to_forward)
     return kinds
 
 
@@ -161,6 +162,38 @@ async def test_an_output_record_is_replayed_with_its_sources(tmp_path: Path) -> 
     outputs = [r for r in records if r.kind == KIND_OUTPUT]
     assert [decode_output(r.payload) for r in outputs] == [([seq], b"request")]
     await again.close()
+
+
+async def test_a_replayed_entry_every_exporter_had_waits_for_the_processor(
+    tmp_path: Path,
+) -> None:
+    """Pins are not logged.  An entry pinned for a result still to come, delivered by
+    every exporter (each left a delivery mark), then a clean stop: at the next start
+    the marks alone would settle it before the processor takes its hold again, and the
+    checkpoint would pass it, losing the result for good.  It waits for the processor
+    to forward it (the model's sequence ``found1`` in test_model.py)."""
+    storage = await _open(tmp_path, ["a", "b"])
+    (seq,) = await _write(storage, 1)
+    storage.pin([seq])
+    storage.settle([_group(seq)], 0)
+    storage.settle([_group(seq)], 1)
+    await storage.close()
+
+    again = await _open(tmp_path, ["a", "b"])
+    await _replay(again, to_forward=True)
+    assert again.delivered == {seq: {0, 1}}
+    assert again.unsettled_entries == 1, "held until the processor has forwarded it"
+    assert again.pin([seq]) == [seq], "the evaluator's hold, taken before it forwards"
+    again.forwarded([_group(seq)])
+    assert again.unsettled_entries == 1, "held by the hold: the result is still to come"
+    await again.close()  # before the result is logged
+
+    third = await _open(tmp_path, ["a", "b"])
+    kinds = await _replay(third, to_forward=True)
+    assert kinds.get(seq) == KIND_REQUEST, "replayed again: its result is still owed"
+    third.forwarded([_group(seq)])  # forwarded with no hold: nothing more is owed
+    assert third.unsettled_entries == 0
+    await third.close()
 
 
 def test_marks_and_outputs_decode_what_they_encode_and_refuse_garbage() -> None:

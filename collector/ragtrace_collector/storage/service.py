@@ -37,7 +37,12 @@
   held entries keep their segment (they are held themselves).
 * **Replay.**  :meth:`Storage.replay` yields what is on disk at start, past the
   checkpoint; the pipeline feeds it to the assembler and registers each entry with
-  :meth:`Storage.hold_replayed`.
+  :meth:`Storage.hold_replayed`.  A replayed request is also held until the processor
+  has forwarded each of its span groups (:meth:`Storage.forwarded`): pins are not
+  logged, so an entry that every exporter had delivered before the restart (its
+  delivery marks say so) may still owe a result, and the processor takes the hold for
+  it before it forwards the trace.  Without this reference, the replayed marks would
+  settle the entry first and the checkpoint would pass it.
 * **Refusal.**  :meth:`Storage.refusal` is the one answer to "would the log take a
   request now?", read both by admission (the receivers' 429 / RESOURCE_EXHAUSTED with
   a retry delay) and by ``/readyz``:
@@ -159,6 +164,8 @@ class _Entry:
     refs: int
     #: Span groups each exporter (by number) still owes.
     groups: list[int]
+    #: Span groups of a replayed request the processor has not forwarded yet.
+    unforwarded: int = 0
 
 
 @dataclass(slots=True)
@@ -232,6 +239,8 @@ class Storage(Component):
         self.delivered: dict[int, set[int]] = {}
         #: Replay: entries settled before the restart (outputs included).
         self.settled: set[int] = set()
+        #: Span groups of replayed requests not yet forwarded (see :meth:`forwarded`).
+        self._unforwarded = 0
         #: The lowest unsettled entry (0: none), and since when (loop time).
         self._oldest = 0
         self._oldest_since = 0.0
@@ -519,9 +528,10 @@ class Storage(Component):
         """The exporters, in the order :meth:`settle` numbers them (before start)."""
         self._exporters = list(names) or [""]
 
-    def _hold(self, seq: int, segment_first: int, groups: int) -> None:
+    def _hold(self, seq: int, segment_first: int, groups: int, *, to_forward: bool = False) -> None:
         """Register a written (or replayed) entry: ``groups`` span groups to deliver to
-        every exporter, plus, for an output record, its unsettled sources."""
+        every exporter (``to_forward``: and for the processor to forward), plus, for an
+        output record, its unsettled sources."""
         if seq >= self._horizon:
             self._horizon = seq + 1
         seg = self._segments[segment_first]
@@ -531,6 +541,8 @@ class Storage(Component):
                 seg.marks += marks
         n = len(self._exporters)
         refs = groups * n
+        unforwarded = groups if to_forward else 0
+        refs += unforwarded
         sources = self._sources.pop(seq, None) if self._sources else None
         live: list[int] = []
         if sources:
@@ -538,7 +550,8 @@ class Storage(Component):
             live = [s for s in sources if s in self._entries]
             refs += len(live)
         if refs > 0:
-            self._entries[seq] = _Entry(seq, segment_first, refs, [groups] * n)
+            self._entries[seq] = _Entry(seq, segment_first, refs, [groups] * n, unforwarded)
+            self._unforwarded += unforwarded
             heapq.heappush(self._order, seq)
             seg.unsettled += 1
             for source in live:
@@ -603,6 +616,7 @@ class Storage(Component):
         """``entry`` is settled (``marked``: a replayed "settled" mark says so)."""
         seq = entry.seq
         del self._entries[seq]
+        self._unforwarded -= entry.unforwarded
         if not marked:
             lowest = self._lowest()
             if lowest is not None and seq > lowest:
@@ -778,16 +792,46 @@ class Storage(Component):
         self._replay_floor = None
         self._update_watermark()
 
-    def hold_replayed(self, seq: int, refs: int, sources: list[int] | None = None) -> None:
+    def hold_replayed(
+        self,
+        seq: int,
+        refs: int,
+        sources: list[int] | None = None,
+        *,
+        to_forward: bool = False,
+    ) -> None:
         """Register a replayed entry with its span groups (``refs``; 0: nothing to
-        deliver) and, for an output record, the entries it was made from."""
+        deliver) and, for an output record, the entries it was made from.
+        ``to_forward``: a request whose groups go through the processor; the entry is
+        also held until :meth:`forwarded` has been told of each group."""
         if self._replay_segment is None:
             raise RuntimeError("hold_replayed outside replay")
         if sources:
             self._sources[seq] = sources
         if self._replay_floor is not None and seq >= self._replay_floor:
             self._replay_floor = seq + 1
-        self._hold(seq, self._replay_segment, refs)
+        self._hold(seq, self._replay_segment, refs, to_forward=to_forward)
+
+    def forwarded(self, groups: Iterable[SpanGroup]) -> None:
+        """The processor has forwarded these groups (or the pipeline dropped them as
+        settled before the restart): a replayed request no longer waits for them.  Any
+        hold the processor takes for a result still owed is taken before this."""
+        if not self._unforwarded:
+            return
+        touched = False
+        entries = self._entries
+        for group in groups:
+            entry = entries.get(group.wal_seq)
+            if entry is None or entry.unforwarded <= 0:
+                continue
+            entry.unforwarded -= 1
+            self._unforwarded -= 1
+            entry.refs -= 1
+            if entry.refs <= 0:
+                self._release(entry)
+                touched = True
+        if touched:
+            self._update_watermark()
 
     def replayed_marks(self, payload: bytes) -> None:
         """A replayed ``KIND_DELIVERED`` record: those exporters no longer hold those
