@@ -312,9 +312,11 @@ class LogMachine(RuleBasedStateMachine):
     """See the module docstring.  ``profile`` is set by :func:`machine_for`."""
 
     profile: ClassVar[Profile] = PROFILES["everything"]
-    #: Sequences and steps run (for the benchmark's figures).
+    #: Sequences, steps, crashes (kill -9) and clean stops run (the benchmark's figures).
     runs: ClassVar[int] = 0
     steps: ClassVar[int] = 0
+    crashes: ClassVar[int] = 0
+    clean_stops: ClassVar[int] = 0
 
     def __init__(self) -> None:
         super().__init__()
@@ -805,6 +807,7 @@ class LogMachine(RuleBasedStateMachine):
             self._run(self._quiesce())
 
     def _crash(self, proc: _Proc, torn_bytes: int) -> None:
+        type(self).crashes += 1
         self.generation += 1
         new = self.root / f"g{self.generation}"
         new.mkdir()
@@ -825,6 +828,7 @@ class LogMachine(RuleBasedStateMachine):
         self.next_lossy = True
 
     def _close(self, proc: _Proc) -> None:
+        type(self).clean_stops += 1
         if proc.disk.stalled:
             proc.disk.resume(fail=False)
             self._run(self._quiesce())

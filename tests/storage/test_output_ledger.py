@@ -186,6 +186,7 @@ async def test_a_replayed_entry_every_exporter_had_waits_for_the_processor(
     assert again.pin([seq]) == [seq], "the evaluator's hold, taken before it forwards"
     again.forwarded([_group(seq)])
     assert again.unsettled_entries == 1, "held by the hold: the result is still to come"
+    assert again.delivered == {}, "its marks are read no more"
     await again.close()  # before the result is logged
 
     third = await _open(tmp_path, ["a", "b"])
@@ -194,6 +195,46 @@ async def test_a_replayed_entry_every_exporter_had_waits_for_the_processor(
     third.forwarded([_group(seq)])  # forwarded with no hold: nothing more is owed
     assert third.unsettled_entries == 0
     await third.close()
+
+
+async def test_replayed_marks_are_dropped_once_read_for_the_last_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``delivered`` and ``settled`` are filled by replay only: a request's marks go
+    once the processor has forwarded (or the pipeline dropped) each of its groups, the
+    marks of other records (a carrier here) once replay is over."""
+    monkeypatch.setattr(service, "_HELD_BACK", -1.0)  # "settled" marks at once
+    storage = await _open(tmp_path, ["a", "b"])
+    first, second = await _write(storage, 2)
+    out: list[int] = []
+
+    def one_group(seq: int) -> int:
+        out.append(seq)
+        return 1
+
+    await storage.append(
+        encode_output([], b"carrier"), tag=one_group, admit=lambda: None, kind=KIND_OUTPUT
+    )
+    (carrier,) = out
+    storage.settle([_group(second)], 0)
+    storage.settle([_group(second)], 1)  # settled above the held first: a "settled" mark
+    storage.settle([_group(first)], 0)
+    storage.settle([_group(carrier)], 0)
+    await storage.close()
+
+    again = await _open(tmp_path, ["a", "b"])
+    await _replay(again, to_forward=True)
+    assert again.settled == {second}
+    assert again.delivered == {first: {0}, second: {0, 1}, carrier: {0}}
+    await asyncio.sleep(0)  # the next loop round: the carrier's marks were fanned out
+    assert again.delivered == {first: {0}, second: {0, 1}}
+    again.forwarded([_group(second)])  # dropped by the pipeline: settled before
+    assert again.settled == set()
+    assert again.delivered == {first: {0}}
+    again.forwarded([_group(first)])
+    assert again.delivered == {}
+    assert again.unsettled_entries == 1, "exporter b still owes the first"
+    await again.close()
 
 
 def test_marks_and_outputs_decode_what_they_encode_and_refuse_garbage() -> None:

@@ -164,8 +164,6 @@ class _Entry:
     refs: int
     #: Span groups each exporter (by number) still owes.
     groups: list[int]
-    #: Span groups of a replayed request the processor has not forwarded yet.
-    unforwarded: int = 0
 
 
 @dataclass(slots=True)
@@ -236,11 +234,14 @@ class Storage(Component):
         #: Delivery marks not yet written: exporter number -> sequence numbers.
         self._marks: dict[int, list[int]] = {}
         #: Replay: exporter numbers that had delivered an entry before the restart.
+        #: Filled by replay only; a request's item goes once the processor has
+        #: forwarded its groups, the others once replay is over (:meth:`_forget_marks`).
         self.delivered: dict[int, set[int]] = {}
-        #: Replay: entries settled before the restart (outputs included).
+        #: Replay: entries settled before the restart (outputs included); kept as long.
         self.settled: set[int] = set()
-        #: Span groups of replayed requests not yet forwarded (see :meth:`forwarded`).
-        self._unforwarded = 0
+        #: Replayed requests -> their span groups the processor has not forwarded yet
+        #: (each one a reference while the entry is held; see :meth:`forwarded`).
+        self._unforwarded: dict[int, int] = {}
         #: The lowest unsettled entry (0: none), and since when (loop time).
         self._oldest = 0
         self._oldest_since = 0.0
@@ -541,8 +542,9 @@ class Storage(Component):
                 seg.marks += marks
         n = len(self._exporters)
         refs = groups * n
-        unforwarded = groups if to_forward else 0
-        refs += unforwarded
+        if to_forward and groups > 0:
+            refs += groups
+            self._unforwarded[seq] = groups
         sources = self._sources.pop(seq, None) if self._sources else None
         live: list[int] = []
         if sources:
@@ -550,8 +552,7 @@ class Storage(Component):
             live = [s for s in sources if s in self._entries]
             refs += len(live)
         if refs > 0:
-            self._entries[seq] = _Entry(seq, segment_first, refs, [groups] * n, unforwarded)
-            self._unforwarded += unforwarded
+            self._entries[seq] = _Entry(seq, segment_first, refs, [groups] * n)
             heapq.heappush(self._order, seq)
             seg.unsettled += 1
             for source in live:
@@ -616,7 +617,6 @@ class Storage(Component):
         """``entry`` is settled (``marked``: a replayed "settled" mark says so)."""
         seq = entry.seq
         del self._entries[seq]
-        self._unforwarded -= entry.unforwarded
         if not marked:
             lowest = self._lowest()
             if lowest is not None and seq > lowest:
@@ -770,7 +770,10 @@ class Storage(Component):
 
         Register every yielded entry with :meth:`hold_replayed` before asking for the
         next chunk.  Until the last chunk was asked for, the checkpoint stays at or
-        below the first record not registered.
+        below the first record not registered.  The replayed marks (:attr:`delivered`,
+        :attr:`settled`) of records other than requests waiting for the processor are
+        dropped in the loop round after the last chunk: fan out replayed carriers in
+        the round the iteration ends.
         """
         recovered = [s for s in self._wal.segments if s.first_seq != self._wal.active_first_seq]
         checkpoint = self._wal.checkpoint
@@ -791,6 +794,8 @@ class Storage(Component):
                 self._maybe_delete(segment.first_seq)
         self._replay_floor = None
         self._update_watermark()
+        if (self.delivered or self.settled) and self._loop is not None:
+            self._loop.call_soon(self._forget_marks)
 
     def hold_replayed(
         self,
@@ -816,22 +821,38 @@ class Storage(Component):
         """The processor has forwarded these groups (or the pipeline dropped them as
         settled before the restart): a replayed request no longer waits for them.  Any
         hold the processor takes for a result still owed is taken before this."""
-        if not self._unforwarded:
+        unforwarded = self._unforwarded
+        if not unforwarded:
             return
         touched = False
-        entries = self._entries
         for group in groups:
-            entry = entries.get(group.wal_seq)
-            if entry is None or entry.unforwarded <= 0:
+            seq = group.wal_seq
+            left = unforwarded.get(seq)
+            if left is None:
                 continue
-            entry.unforwarded -= 1
-            self._unforwarded -= 1
-            entry.refs -= 1
-            if entry.refs <= 0:
-                self._release(entry)
-                touched = True
+            if left > 1:
+                unforwarded[seq] = left - 1
+            else:
+                # Every group of it has passed the processor: its marks are read no more.
+                del unforwarded[seq]
+                self.delivered.pop(seq, None)
+                self.settled.discard(seq)
+            entry = self._entries.get(seq)
+            if entry is not None:  # (not settled by a replayed "settled" mark)
+                entry.refs -= 1
+                if entry.refs <= 0:
+                    self._release(entry)
+                    touched = True
         if touched:
             self._update_watermark()
+
+    def _forget_marks(self) -> None:
+        """After replay (once the pipeline has fanned out the replayed carriers, in the
+        same loop round): the marks of records that are not requests still waiting for
+        the processor are read no more."""
+        keep = self._unforwarded
+        self.delivered = {s: e for s, e in self.delivered.items() if s in keep}
+        self.settled = {s for s in self.settled if s in keep}
 
     def replayed_marks(self, payload: bytes) -> None:
         """A replayed ``KIND_DELIVERED`` record: those exporters no longer hold those
