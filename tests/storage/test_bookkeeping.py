@@ -10,6 +10,7 @@ import struct
 import zlib
 from pathlib import Path
 
+from ragtrace_collector.storage import service
 from ragtrace_collector.storage.config import StorageConfig
 from ragtrace_collector.storage.outputs import KIND_OUTPUT, encode_output
 from ragtrace_collector.storage.service import Storage
@@ -168,3 +169,35 @@ async def test_an_output_record_gone_with_its_segment_leaves_its_source_settled(
     assert {second, third} <= again.settled
     assert await _unsettled(again, 1) == 1
     await again.close()
+
+
+async def test_an_entry_held_while_thousands_settle_keeps_the_bookkeeping_small(
+    tmp_path: Path,
+) -> None:
+    """The heap of held entries drops settled ones only from its top: with the oldest
+    entry held (a result awaited) while newer ones settle, it would grow with every
+    entry written for the life of the process.  It is rebuilt when settled ones make up
+    most of it; the checkpoint still stays at the held entry."""
+    storage = await _open(tmp_path, ["a"])
+    (held,) = await _write(storage, 1)
+    pinned = storage.pin([held])
+    storage.settle([_group(held)], 0)
+    seqs: list[int] = []
+
+    def tag(seq: int) -> int:
+        seqs.append(seq)
+        return 1
+
+    count = 2 * service._ORDER_SLACK
+    await asyncio.gather(
+        *(storage.append(b"x", tag=tag, admit=lambda: None) for _ in range(count))
+    )
+    for seq in seqs:
+        storage.settle([_group(seq)], 0)
+    assert await _unsettled(storage, 1) == 1  # (once the delivery mark is written)
+    assert len(storage._order) <= 2 * 1 + service._ORDER_SLACK
+    assert storage._checkpoint() == held
+    storage.unpin(pinned)
+    assert await _unsettled(storage, 0) == 0
+    assert storage._checkpoint() > max(seqs)
+    await storage.close()

@@ -122,6 +122,8 @@ _CHECKPOINT_EVERY: Final = 0.5
 #: An entry settled while an older one has been held this long gets delivery marks
 #: (out-of-order settling over a shorter time is passed by the checkpoint anyway).
 _HELD_BACK: Final = 2 * _CHECKPOINT_EVERY
+#: Settled sequence numbers the heap of held entries may carry before it is rebuilt.
+_ORDER_SLACK: Final = 1024
 #: The exporter number of a "settled" mark (every exporter, every output: done).
 _SETTLED: Final = -1
 #: After a failed write, the disk is probed this often, with at most this many bytes.
@@ -216,7 +218,9 @@ class Storage(Component):
         self._entries: dict[int, _Entry] = {}
         #: Heap of the sequence numbers of held entries; settled ones are dropped when
         #: they reach the top, so ``_order[0]`` (after :meth:`_lowest`) is the lowest
-        #: unsettled entry whatever order entries were held in.
+        #: unsettled entry whatever order entries were held in.  Rebuilt from
+        #: ``_entries`` when settled ones make up most of it (an old entry held while
+        #: newer ones settle), so it stays within twice the entries held, plus a few.
         self._order: list[int] = []
         #: Heap of entries settled above the lowest unsettled one without a mark: at
         #: :meth:`close`, those still above the checkpoint get a "settled" mark.
@@ -617,6 +621,9 @@ class Storage(Component):
         """``entry`` is settled (``marked``: a replayed "settled" mark says so)."""
         seq = entry.seq
         del self._entries[seq]
+        if len(self._order) > 2 * len(self._entries) + _ORDER_SLACK:
+            self._order = list(self._entries)
+            heapq.heapify(self._order)
         if not marked:
             lowest = self._lowest()
             if lowest is not None and seq > lowest:
