@@ -189,9 +189,7 @@ async def test_an_entry_held_while_thousands_settle_keeps_the_bookkeeping_small(
         return 1
 
     count = 2 * service._ORDER_SLACK
-    await asyncio.gather(
-        *(storage.append(b"x", tag=tag, admit=lambda: None) for _ in range(count))
-    )
+    await asyncio.gather(*(storage.append(b"x", tag=tag, admit=lambda: None) for _ in range(count)))
     for seq in seqs:
         storage.settle([_group(seq)], 0)
     assert await _unsettled(storage, 1) == 1  # (once the delivery mark is written)
