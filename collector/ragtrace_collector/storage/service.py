@@ -602,12 +602,8 @@ class Storage(Component):
         touched = False
         for seq in seqs:
             entry = self._entries.get(seq)
-            if entry is None:
-                continue
-            entry.refs -= 1
-            if entry.refs <= 0:
-                self._release(entry)
-                touched = True
+            if entry is not None:
+                touched |= self._unref(entry, 1)
         if touched:
             self._update_watermark()
 
@@ -616,6 +612,14 @@ class Storage(Component):
         stays while any of them does (call from ``tag``, before it is held)."""
         if sources:
             self._sources[seq] = sources
+
+    def _unref(self, entry: _Entry, count: int) -> bool:
+        """Drop ``count`` references of ``entry``; whether that settled it."""
+        entry.refs -= count
+        if entry.refs > 0:
+            return False
+        self._release(entry)
+        return True
 
     def _release(self, entry: _Entry, *, marked: bool = False) -> None:
         """``entry`` is settled (``marked``: a replayed "settled" mark says so)."""
@@ -846,10 +850,7 @@ class Storage(Component):
                 self.settled.discard(seq)
             entry = self._entries.get(seq)
             if entry is not None:  # (not settled by a replayed "settled" mark)
-                entry.refs -= 1
-                if entry.refs <= 0:
-                    self._release(entry)
-                    touched = True
+                touched |= self._unref(entry, 1)
         if touched:
             self._update_watermark()
 
@@ -890,12 +891,9 @@ class Storage(Component):
                 entry = self._entries.get(seq)
                 if entry is None or entry.groups[exporter] <= 0:
                     continue
-                entry.refs -= entry.groups[exporter]
-                entry.groups[exporter] = 0
-                if entry.refs <= 0:
-                    # Settled now (no "settled" mark says so yet): marked as any other.
-                    self._release(entry)
-                    touched = True
+                owed, entry.groups[exporter] = entry.groups[exporter], 0
+                # Settled now (no "settled" mark says so yet): marked as any other.
+                touched |= self._unref(entry, owed)
         if touched:
             self._update_watermark()
 
