@@ -89,7 +89,13 @@ from ragtrace_collector.storage.outputs import (
     encode_output,
 )
 from ragtrace_collector.storage.service import Storage, segment_size_for
-from ragtrace_collector.storage.wal import KIND_REQUEST, Record, StorageError
+from ragtrace_collector.storage.wal import (
+    HEADER_SIZE,
+    KIND_REQUEST,
+    SEGMENT_HEADER_SIZE,
+    Record,
+    StorageError,
+)
 
 __all__ = ["CHECKS", "PROFILES", "LogMachine", "Profile", "machine_for"]
 
@@ -98,10 +104,12 @@ MAX_SIZE = 1024 * 1024
 SEGMENT = segment_size_for(MAX_SIZE)
 APPEND_TIMEOUT = 10.0
 
-# The record format as ``wal.py`` documents it (a test-side reader and forger).
-_MAGIC_LEN = 8
+# The record format as ``wal.py`` documents it (a test-side reader and forger): after
+# the segment header (magic, two copies of the segment's key), records of a header and
+# an 8-byte tag keyed by the segment's key, then the payload.
+_MAGIC_LEN = SEGMENT_HEADER_SIZE
 _HEAD = struct.Struct("<4sBBHIQI")  # marker, kind, flags, reserved, length, seq, crc
-_HEADER_SIZE = _HEAD.size + 4
+_HEADER_SIZE = HEADER_SIZE
 _MARK = b"\xa7\x5e\xd1\x0c"
 _CHECKPOINT = struct.Struct("<QI")
 _FIELDS = {"marker": 0, "kind": 4, "length": 8, "seq": 12, "payload": _HEADER_SIZE}
@@ -234,9 +242,10 @@ def _group(seq: int) -> SpanGroup:
 
 
 def _record_image(seq: int, kind: int, payload: bytes) -> bytes:
-    """A complete record, as ``wal.py`` documents the format."""
+    """A complete record, as ``wal.py`` documents the format, with the tag a client
+    can compute at best (it does not know the segment's key)."""
     head = _HEAD.pack(_MARK, kind, 0, 0, len(payload), seq, zlib.crc32(payload))
-    return head + struct.pack("<I", zlib.crc32(head)) + payload
+    return head + struct.pack("<Q", zlib.crc32(head)) + payload
 
 
 def _records_in(data: bytes) -> list[tuple[int, int, int]]:
@@ -306,6 +315,8 @@ class _Proc:
     closing: bool = False
     #: Records damaged while the log was closed (the replay must count them).
     flipped: int = 0
+    #: The first sequence number a record of this process got (see ``_assigned``).
+    first_seq: int | None = None
 
 
 class LogMachine(RuleBasedStateMachine):
@@ -340,6 +351,7 @@ class LogMachine(RuleBasedStateMachine):
         self.resend_ok: dict[str, set[int]] = {e: set() for e in EXPORTERS}
         self.rejudge_ok: set[int] = set()
         self.violations: list[str] = []
+        self.retired = 0  # times sequence numbers were assigned again
 
     # ----------------------------------------------------------------- helpers
     def _run(self, awaitable: Awaitable[T]) -> T:
@@ -440,6 +452,42 @@ class LogMachine(RuleBasedStateMachine):
             proc.queues[e].append(seq)
             proc.sent[e].add(seq)
 
+    def _assigned(self, proc: _Proc, seq: int) -> None:
+        """A record of this process got ``seq``.  The first one tells where this log
+        starts numbering: past its checkpoint and the records on disk (``wal.py``).
+        When the newest records were all deleted and a crash came before the
+        checkpoint was written past them, numbers are assigned again; nothing on disk
+        names the old ones (every record naming a number comes after it), so the
+        model renames its old entries out of the way (to negative numbers: a renamed
+        entry still needed is then past the checkpoint, and still owed at the end)."""
+        if proc.first_seq is not None:
+            return
+        proc.first_seq = seq
+        known = self.acked | set(self.carriers) | self.judged | self.damaged
+        for e in EXPORTERS:
+            known |= self.delivered[e]
+        old = {s for s in known if s >= seq}
+        if not old:
+            return
+        self.retired += 1
+        base = self.retired * 1_000_000_000
+
+        def ren(s: int) -> int:
+            return -(base + s) if s in old else s
+
+        def ren_set(values: set[int]) -> set[int]:
+            return {ren(s) for s in values}
+
+        self.acked = ren_set(self.acked)
+        self.judged = ren_set(self.judged)
+        self.damaged = ren_set(self.damaged)
+        self.rejudge_ok = ren_set(self.rejudge_ok)
+        self.carriers = {ren(c): ren(src) for c, src in self.carriers.items()}
+        self.judge_calls = {ren(s): n for s, n in self.judge_calls.items()}
+        for e in EXPORTERS:
+            self.delivered[e] = ren_set(self.delivered[e])
+            self.resend_ok[e] = ren_set(self.resend_ok[e])
+
     def _needs_judging(self, proc: _Proc, seq: int) -> None:
         if seq in self.judged and seq not in self.rejudge_ok:
             self._violation(f"request {seq} is judged again after a clean restart")
@@ -459,6 +507,7 @@ class LogMachine(RuleBasedStateMachine):
         seen: list[int] = []
 
         def tag(seq: int) -> int:
+            self._assigned(proc, seq)
             seen.append(seq)
             return 1
 
@@ -499,6 +548,7 @@ class LogMachine(RuleBasedStateMachine):
             box: list[int] = []
 
             def tag_carrier(seq: int) -> int:
+                self._assigned(proc, seq)
                 storage.outputs_of(seq, sources)
                 box.append(seq)
                 return 1
@@ -532,6 +582,7 @@ class LogMachine(RuleBasedStateMachine):
         else:
 
             def tag_copy(seq: int) -> int:
+                self._assigned(proc, seq)
                 storage.outputs_of(seq, [source])
                 return 0
 
