@@ -15,9 +15,13 @@ Invariants, after every step (each profile checks some, with the faults they nee
 * ``checkpoint``: the checkpoint on disk never passes a record still needed;
 * ``disk_bound``: the segments on disk stay within ``max_size`` plus one segment.
 
-What it finds on the code of 2026-11-27 (before the rework of ``storage/service.py``),
-as the shortest sequences (the calls Hypothesis prints; ``_SEQUENCES`` below plays
-each one, strict xfail, and a control that differs in one key step, which passes):
+What it found on the code of 2026-11-27 (before the rework of ``storage/service.py``),
+as the shortest sequences (the calls Hypothesis prints).  ``_SEQUENCES`` below plays
+each one, and a control that differs in one key step; since the rework, the keyed
+record check and the fix of found 1 (``Storage.forwarded``), every one of them passes
+(defects 4 and 6 once the model wrote outputs as the pipeline does: ``timeout=False``,
+``room_for_output``; with the old pipeline's behaviour put back in the model they fail
+again):
 
 * defect 1 (the checkpoint passes unsettled entries after a replay that logs a carrier
   first), profile ``checkpoint``: ``start; append_request(200) x2; restart(clean,
@@ -58,6 +62,8 @@ each one, strict xfail, and a control that differs in one key step, which passes
   delivery marks release entry 1 before it is judged, the hold taken for its
   judgement finds nothing to pin, and the checkpoint passes it; a stop before the
   result is logged loses the evaluation for good.  Control: judged before delivery.
+  Fixed: a replayed request is also held until the processor has forwarded it
+  (``Storage.forwarded``), and the evaluator takes its hold before that.
 * found 2, not in the issue (the settled-mark window), profile ``clean_restart``,
   found by the generated run (``benchmarks/``, 828 sequences, as ``append_request
   x13; judge x2; deliver(both, pick=1); restart(clean, all)``), written out shorter:
@@ -96,7 +102,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.storage.model import ModelViolation, machine_for
+from tests.storage.model import machine_for
 
 Step = tuple[str, dict[str, Any]]
 
@@ -263,25 +269,7 @@ def _play(profile: str, steps: list[Step]) -> None:
     machine.teardown()
 
 
-#: The sequences that still fail, and why (the others pass since the storage rework and
-#: the keyed record check).  Integration state, to be closed before issue 27 lands.
-_STILL_FAILING: dict[str, str] = {}
-
-
-def _sequence_params() -> list[Any]:
-    return [
-        pytest.param(
-            name,
-            marks=[pytest.mark.xfail(strict=True, raises=ModelViolation, reason=why)]
-            if (why := _STILL_FAILING.get(name))
-            else [],
-            id=name,
-        )
-        for name in sorted(_SEQUENCES)
-    ]
-
-
-@pytest.mark.parametrize("name", _sequence_params())
+@pytest.mark.parametrize("name", sorted(_SEQUENCES))
 def test_the_shortest_sequence_found_for_each_defect(name: str) -> None:
     profile, steps, _control = _SEQUENCES[name]
     _play(profile, steps)
@@ -289,8 +277,8 @@ def test_the_shortest_sequence_found_for_each_defect(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(_SEQUENCES))
 def test_the_same_sequence_without_its_key_step_holds(name: str) -> None:
-    """The controls: each failing sequence above, with its key step changed, passes
-    today (so the failures are the defects, not the machine)."""
+    """The controls: each sequence above, with its key step changed, passes (on the
+    code before the rework too: the failures were the defects, not the machine)."""
     profile, _steps, control = _SEQUENCES[name]
     _play(profile, control)
 
