@@ -340,6 +340,10 @@ class LogMachine(RuleBasedStateMachine):
         self.next_lossy = False  # the next start follows a crash or damage
         self.forgeries = 0
         self.flips: list[str] = []  # files with a record damaged since the last start
+        #: The records of each damaged file (by name: a crash copies the directory) as
+        #: it was before, and the bytes flipped; forgotten once the file is gone.
+        self.parsed: dict[str, list[tuple[int, int, int]]] = {}
+        self.flipped_at: set[tuple[str, int]] = set()
         self.failed = False
         # ---- the model
         self.acked: set[int] = set()  # acknowledged requests (seq)
@@ -414,6 +418,9 @@ class LogMachine(RuleBasedStateMachine):
 
     # ----------------------------------------------------------------- process
     async def _start(self) -> None:
+        if self.parsed:
+            self.parsed = {n: r for n, r in self.parsed.items() if (self.directory / n).exists()}
+            self.flipped_at = {f for f in self.flipped_at if f[0] in self.parsed}
         disk = _Disk()
         storage = _Observed(
             StorageConfig(
@@ -946,7 +953,10 @@ class LogMachine(RuleBasedStateMachine):
     )
     def flip_byte(self, segment: int, record: int, where: str) -> None:
         """A byte of a record of a closed segment goes bad (any segment but the newest,
-        which may be the one being written; the next start reads the damage)."""
+        which may be the one being written; the next start reads the damage).  Records
+        are found as the file was before any damage (a damaged length would misplace
+        the next ones), and a byte already flipped is left alone (flipping it again
+        would mend the record)."""
         files = _segment_files(self.directory)[:-1]
         if not files:
             return
@@ -954,13 +964,16 @@ class LogMachine(RuleBasedStateMachine):
         try:
             with open(path, "r+b") as fh:  # not re-created if the writer deletes it
                 data = fh.read()
-                records = _records_in(data)
+                records = self.parsed.setdefault(path.name, _records_in(data))
                 if not records:
                     return
                 offset, seq, length = records[record % len(records)]
                 if where == "payload" and length == 0:
                     where = "seq"
                 at = offset + _FIELDS[where]
+                if (path.name, at) in self.flipped_at:
+                    return
+                self.flipped_at.add((path.name, at))
                 fh.seek(at)
                 fh.write(bytes([data[at] ^ 0x40]))
         except FileNotFoundError:
