@@ -24,7 +24,9 @@ Exit status: 0 when no profile found a failure, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import io
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         help="profiles to run (default: all)",
     )
     args = parser.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where is it?
     configure_logging("critical", "json", stream=io.StringIO())  # the log's own logs
     names = args.profile or list(PROFILES)
     budget = args.seconds / len(names)

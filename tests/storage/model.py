@@ -61,6 +61,8 @@ import shutil
 import struct
 import tempfile
 import threading
+import time
+import traceback
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -333,6 +335,10 @@ class LogMachine(RuleBasedStateMachine):
         super().__init__()
         type(self).runs += 1
         self.loop = _VirtualLoop()
+        #: Exceptions that escaped a callback on the loop (the storage's own included):
+        #: each is a bug, reported after the step.
+        self.loop_errors: list[str] = []
+        self.loop.set_exception_handler(self._loop_error)
         self.root = Path(tempfile.mkdtemp(prefix="ragtrace-model-"))
         self.proc: _Proc | None = None
         self.generation = 0
@@ -392,7 +398,8 @@ class LogMachine(RuleBasedStateMachine):
         proc = self.proc
         if proc is None:
             return
-        for _ in range(50):
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
             for _ in range(3):
                 await asyncio.sleep(0)
             if proc.retry and not proc.disk.full and not proc.disk.stalled:
@@ -408,13 +415,26 @@ class LogMachine(RuleBasedStateMachine):
             if proc.disk.stalled:
                 await asyncio.to_thread(proc.disk.entered.wait, 2.0)
                 return
-            await asyncio.wait(pending, timeout=5.0)
-        raise AssertionError("the log did not become quiet")
+            await asyncio.wait(pending, timeout=1.0)
+        storage = proc.storage
+        raise AssertionError(
+            "the log did not become quiet in 30 s: writes waiting "
+            f"{sorted(storage._waiting)}, ops queued {storage._ops.qsize()}, writer alive "
+            f"{storage._thread is not None and storage._thread.is_alive()}, disk full "
+            f"{proc.disk.full} stalled {proc.disk.stalled}; loop errors {self.loop_errors}"
+        )
+
+    def _loop_error(self, _loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        detail = "".join(traceback.format_exception(exc)) if exc is not None else ""
+        self.loop_errors.append(f"{context.get('message')}: {detail}")
 
     def _step(self, coro: Awaitable[None]) -> None:
         type(self).steps += 1
         self._run(coro)
         self._run(self._quiesce())
+        if self.loop_errors:
+            raise AssertionError(f"an exception escaped a loop callback: {self.loop_errors[0]}")
 
     # ----------------------------------------------------------------- process
     async def _start(self) -> None:
