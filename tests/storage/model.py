@@ -7,13 +7,19 @@ Level
 
 The machine drives :class:`~ragtrace_collector.storage.service.Storage` itself, through
 its public API (``start``, ``append``, ``settle``, ``pin``, ``unpin``, ``outputs_of``,
-``replay``, ``hold_replayed``, ``replayed_marks``, ``close``, ``refusal``,
-``set_exporters``, ``delivered``, ``settled``) and the record kinds of ``wal.py`` and
-``outputs.py``.  The test plays the pipeline's part as the storage's contract states
-it, and nothing more: a request is handed to every exporter once its write is
-acknowledged; a hold (``pin``) keeps it until its result is logged; a result is logged
-as an output record (on the span: no groups; on a carrier: one group, delivered from
-the record); a replay registers every record before asking for the next chunk; replayed
+``replay``, ``hold_replayed``, ``replayed_marks``, ``forwarded``, ``close``, ``refusal``,
+``set_exporters``, ``delivered``, ``settled``, ``room_for_output``) and the record kinds
+of ``wal.py`` and ``outputs.py``, with ``outputs.Hold`` for holds.  The test plays the
+pipeline's part as ``service/pipeline.py`` does it, and nothing more: a request is
+handed to every exporter once its write is acknowledged; a hold (``pin``) keeps it
+until its result is logged; a result is logged as an output record, written as
+``Pipeline._append_output`` writes it (``timeout=False``, only when
+``room_for_output`` says so, else tried again later; a failed write is tried again):
+on a carrier (one group, delivered from the record; the hold ends once it is
+written), or on the span (no groups; the copy is left out when
+``room_for_output(needed=False)`` says no, and the trace goes on at once: the hold
+ends when the copy is queued); a replay registers every record before asking for the
+next chunk; replayed
 requests and carriers go to the exporters that ``delivered`` does not name, once the
 replay is over, and a request is judged again only when no result for it was replayed
 and ``settled`` does not name it.  At this level every event the invariants speak of
@@ -49,12 +55,15 @@ old process is then stopped with its callbacks cut off from the model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import shutil
 import struct
 import tempfile
 import threading
+import time
+import traceback
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -77,12 +86,19 @@ from ragtrace_collector.storage.outputs import (
     KIND_DELIVERED,
     KIND_OUTPUT,
     SETTLED_MARK,
+    Hold,
     decode_output,
     encode_marks,
     encode_output,
 )
 from ragtrace_collector.storage.service import Storage, segment_size_for
-from ragtrace_collector.storage.wal import KIND_REQUEST, AppendTimeout, Record, StorageError
+from ragtrace_collector.storage.wal import (
+    HEADER_SIZE,
+    KIND_REQUEST,
+    SEGMENT_HEADER_SIZE,
+    Record,
+    StorageError,
+)
 
 __all__ = ["CHECKS", "PROFILES", "LogMachine", "Profile", "machine_for"]
 
@@ -91,13 +107,18 @@ MAX_SIZE = 1024 * 1024
 SEGMENT = segment_size_for(MAX_SIZE)
 APPEND_TIMEOUT = 10.0
 
-# The record format as ``wal.py`` documents it (a test-side reader and forger).
-_MAGIC_LEN = 8
+# The record format as ``wal.py`` documents it (a test-side reader and forger): after
+# the segment header (magic, two copies of the segment's key), records of a header and
+# an 8-byte tag keyed by the segment's key, then the payload.
+_MAGIC_LEN = SEGMENT_HEADER_SIZE
 _HEAD = struct.Struct("<4sBBHIQI")  # marker, kind, flags, reserved, length, seq, crc
-_HEADER_SIZE = _HEAD.size + 4
+_HEADER_SIZE = HEADER_SIZE
 _MARK = b"\xa7\x5e\xd1\x0c"
 _CHECKPOINT = struct.Struct("<QI")
 _FIELDS = {"marker": 0, "kind": 4, "length": 8, "seq": 12, "payload": _HEADER_SIZE}
+#: The request a result was computed for, in an output record's body (the model's
+#: stand-in for the span a carrier links to, or the span a copy is).
+_TARGET = struct.Struct("<Q")
 
 #: The checks a profile can run.
 CHECKS = ("checkpoint", "clean_restart", "delivered", "holds", "disk_bound")
@@ -215,14 +236,19 @@ class _Observed(Storage):
         return future
 
 
+def _no_forward(_trace: Any, _hold: Hold) -> None:
+    raise AssertionError("the model logs results itself")
+
+
 def _group(seq: int) -> SpanGroup:
     return SpanGroup(None, "", None, "", [], wal_seq=seq)
 
 
 def _record_image(seq: int, kind: int, payload: bytes) -> bytes:
-    """A complete record, as ``wal.py`` documents the format."""
+    """A complete record, as ``wal.py`` documents the format, with the tag a client
+    can compute at best (it does not know the segment's key)."""
     head = _HEAD.pack(_MARK, kind, 0, 0, len(payload), seq, zlib.crc32(payload))
-    return head + struct.pack("<I", zlib.crc32(head)) + payload
+    return head + struct.pack("<Q", zlib.crc32(head)) + payload
 
 
 def _records_in(data: bytes) -> list[tuple[int, int, int]]:
@@ -241,6 +267,15 @@ def _records_in(data: bytes) -> list[tuple[int, int, int]]:
 
 def _segment_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*.wal") if p.stem.isdigit())
+
+
+def _disk_used(directory: Path) -> int:
+    """Bytes of the segment files (one the writer deletes meanwhile counts nothing)."""
+    used = 0
+    for path in _segment_files(directory):
+        with contextlib.suppress(FileNotFoundError):
+            used += path.stat().st_size
+    return used
 
 
 def read_checkpoint(directory: Path) -> int:
@@ -276,9 +311,11 @@ class _Proc:
     disk: _Disk
     storage: _Observed
     queues: dict[str, list[int]] = field(default_factory=lambda: {e: [] for e in EXPORTERS})
-    #: Requests whose result is still to compute: source seq -> pinned seqs.
-    judging: dict[int, list[int]] = field(default_factory=dict)
-    #: Results computed and being logged: source seq -> still waiting.
+    #: Requests whose result is still to compute: source seq -> the hold on it (the
+    #: evaluator's ``ledger.hold``; for a result written on the span, it stands for the
+    #: processor holding the trace until it forwards it).
+    judging: dict[int, Hold] = field(default_factory=dict)
+    #: Results computed and being logged (their records not yet written).
     logging: set[int] = field(default_factory=set)
     retry: list[Callable[[], None]] = field(default_factory=list)
     replay: _Replay | None = None
@@ -290,20 +327,28 @@ class _Proc:
     closing: bool = False
     #: Records damaged while the log was closed (the replay must count them).
     flipped: int = 0
+    #: The first sequence number a record of this process got (see ``_assigned``).
+    first_seq: int | None = None
 
 
 class LogMachine(RuleBasedStateMachine):
     """See the module docstring.  ``profile`` is set by :func:`machine_for`."""
 
     profile: ClassVar[Profile] = PROFILES["everything"]
-    #: Sequences and steps run (for the benchmark's figures).
+    #: Sequences, steps, crashes (kill -9) and clean stops run (the benchmark's figures).
     runs: ClassVar[int] = 0
     steps: ClassVar[int] = 0
+    crashes: ClassVar[int] = 0
+    clean_stops: ClassVar[int] = 0
 
     def __init__(self) -> None:
         super().__init__()
         type(self).runs += 1
         self.loop = _VirtualLoop()
+        #: Exceptions that escaped a callback on the loop (the storage's own included):
+        #: each is a bug, reported after the step.
+        self.loop_errors: list[str] = []
+        self.loop.set_exception_handler(self._loop_error)
         self.root = Path(tempfile.mkdtemp(prefix="ragtrace-model-"))
         self.proc: _Proc | None = None
         self.generation = 0
@@ -311,6 +356,10 @@ class LogMachine(RuleBasedStateMachine):
         self.next_lossy = False  # the next start follows a crash or damage
         self.forgeries = 0
         self.flips: list[str] = []  # files with a record damaged since the last start
+        #: The records of each damaged file (by name: a crash copies the directory) as
+        #: it was before, and the bytes flipped; forgotten once the file is gone.
+        self.parsed: dict[str, list[tuple[int, int, int]]] = {}
+        self.flipped_at: set[tuple[str, int]] = set()
         self.failed = False
         # ---- the model
         self.acked: set[int] = set()  # acknowledged requests (seq)
@@ -322,6 +371,7 @@ class LogMachine(RuleBasedStateMachine):
         self.resend_ok: dict[str, set[int]] = {e: set() for e in EXPORTERS}
         self.rejudge_ok: set[int] = set()
         self.violations: list[str] = []
+        self.retired = 0  # times sequence numbers were assigned again
 
     # ----------------------------------------------------------------- helpers
     def _run(self, awaitable: Awaitable[T]) -> T:
@@ -358,7 +408,8 @@ class LogMachine(RuleBasedStateMachine):
         proc = self.proc
         if proc is None:
             return
-        for _ in range(50):
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
             for _ in range(3):
                 await asyncio.sleep(0)
             if proc.retry and not proc.disk.full and not proc.disk.stalled:
@@ -374,16 +425,32 @@ class LogMachine(RuleBasedStateMachine):
             if proc.disk.stalled:
                 await asyncio.to_thread(proc.disk.entered.wait, 2.0)
                 return
-            await asyncio.wait(pending, timeout=5.0)
-        raise AssertionError("the log did not become quiet")
+            await asyncio.wait(pending, timeout=1.0)
+        storage = proc.storage
+        raise AssertionError(
+            "the log did not become quiet in 30 s: writes waiting "
+            f"{sorted(storage._waiting)}, ops queued {storage._ops.qsize()}, writer alive "
+            f"{storage._thread is not None and storage._thread.is_alive()}, disk full "
+            f"{proc.disk.full} stalled {proc.disk.stalled}; loop errors {self.loop_errors}"
+        )
+
+    def _loop_error(self, _loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        detail = "".join(traceback.format_exception(exc)) if exc is not None else ""
+        self.loop_errors.append(f"{context.get('message')}: {detail}")
 
     def _step(self, coro: Awaitable[None]) -> None:
         type(self).steps += 1
         self._run(coro)
         self._run(self._quiesce())
+        if self.loop_errors:
+            raise AssertionError(f"an exception escaped a loop callback: {self.loop_errors[0]}")
 
     # ----------------------------------------------------------------- process
     async def _start(self) -> None:
+        if self.parsed:
+            self.parsed = {n: r for n, r in self.parsed.items() if (self.directory / n).exists()}
+            self.flipped_at = {f for f in self.flipped_at if f[0] in self.parsed}
         disk = _Disk()
         storage = _Observed(
             StorageConfig(
@@ -422,10 +489,50 @@ class LogMachine(RuleBasedStateMachine):
             proc.queues[e].append(seq)
             proc.sent[e].add(seq)
 
+    def _assigned(self, proc: _Proc, seq: int) -> None:
+        """A record of this process got ``seq``.  The first one tells where this log
+        starts numbering: past its checkpoint and the records on disk (``wal.py``).
+        When the newest records were all deleted and a crash came before the
+        checkpoint was written past them, numbers are assigned again; nothing on disk
+        names the old ones (every record naming a number comes after it), so the
+        model renames its old entries out of the way (to negative numbers: a renamed
+        entry still needed is then past the checkpoint, and still owed at the end)."""
+        if proc.first_seq is not None:
+            return
+        proc.first_seq = seq
+        known = self.acked | set(self.carriers) | self.judged | self.damaged
+        for e in EXPORTERS:
+            known |= self.delivered[e]
+        old = {s for s in known if s >= seq}
+        if not old:
+            return
+        self.retired += 1
+        base = self.retired * 1_000_000_000
+
+        def ren(s: int) -> int:
+            return -(base + s) if s in old else s
+
+        def ren_set(values: set[int]) -> set[int]:
+            return {ren(s) for s in values}
+
+        self.acked = ren_set(self.acked)
+        self.judged = ren_set(self.judged)
+        self.damaged = ren_set(self.damaged)
+        self.rejudge_ok = ren_set(self.rejudge_ok)
+        self.carriers = {ren(c): ren(src) for c, src in self.carriers.items()}
+        self.judge_calls = {ren(s): n for s, n in self.judge_calls.items()}
+        for e in EXPORTERS:
+            self.delivered[e] = ren_set(self.delivered[e])
+            self.resend_ok[e] = ren_set(self.resend_ok[e])
+
     def _needs_judging(self, proc: _Proc, seq: int) -> None:
         if seq in self.judged and seq not in self.rejudge_ok:
             self._violation(f"request {seq} is judged again after a clean restart")
-        proc.judging[seq] = proc.storage.pin([seq])
+        self._take_hold(proc, seq)
+
+    def _take_hold(self, proc: _Proc, seq: int) -> None:
+        storage = proc.storage
+        proc.judging[seq] = Hold(storage.pin([seq]), _no_forward, storage.unpin)
 
     # -------------------------------------------------------------- appending
     def _append_request(self, payload: bytes) -> None:
@@ -437,12 +544,13 @@ class LogMachine(RuleBasedStateMachine):
         seen: list[int] = []
 
         def tag(seq: int) -> int:
+            self._assigned(proc, seq)
             seen.append(seq)
             return 1
 
         def admit() -> None:
             if self._current(proc):
-                proc.judging[seen[0]] = storage.pin(seen)
+                self._take_hold(proc, seen[0])
                 self._send(proc, seen[0], EXPORTERS)
 
         def done(future: asyncio.Future[None]) -> None:
@@ -456,56 +564,113 @@ class LogMachine(RuleBasedStateMachine):
         future.add_done_callback(done)
 
     def _log_result(self, proc: _Proc, source: int, *, carrier: bool, size: int) -> None:
-        """Log the result computed for ``source``: on a carrier (delivered from its
-        record) or on the span (a record with no groups).  Retried after a failed
-        write; an append timeout means "still being written"."""
+        """Log the result computed for ``source`` as the pipeline does.
+
+        On a carrier (``Pipeline._log_output`` through the evaluator's hold): the hold
+        counts the record being written, the evaluator releases the hold at once, and
+        the record's write (admitted: delivered from the record) ends the hold.  On the
+        span (``Pipeline._log_results``): a copy of the span, with no groups, left out
+        when ``room_for_output(needed=False)`` says the log is at its bound; the
+        processor forwards the trace right after queueing the copy (its hold ends
+        then), and the result travels on the span.  Both go through
+        :meth:`_append_output`.  The payload names ``source`` in its body, as a real
+        record names its span (a carrier's link, a copy's span id): a replay finds the
+        result by the span, not by the record's sources."""
         storage = proc.storage
-        body = (b"C" if carrier else b"R") + b"r" * size
-        payload = encode_output([source], body)
+        body = (b"C" if carrier else b"R") + _TARGET.pack(source) + b"r" * size
+        hold = proc.judging.get(source)
+        proc.logging.add(source)
+        if carrier:
+            sources = hold.sources if hold is not None else []
+            box: list[int] = []
 
-        def tag(seq: int) -> int:
-            storage.outputs_of(seq, [source])
-            return 1 if carrier else 0
+            def tag_carrier(seq: int) -> int:
+                self._assigned(proc, seq)
+                storage.outputs_of(seq, sources)
+                box.append(seq)
+                return 1
 
-        def admit_at(seq_box: list[int]) -> Callable[[], None]:
-            def admit() -> None:
+            def admit_carrier() -> None:
                 if not self._current(proc):
                     return
-                self.judged.add(source)
-                self.rejudge_ok.discard(source)
-                proc.logging.discard(source)
-                if carrier:
-                    self.carriers[seq_box[0]] = source
-                    self._send(proc, seq_box[0], EXPORTERS)
-                storage.unpin(proc.judging.pop(source, []))
+                self._result_logged(proc, source)
+                self.carriers[box[-1]] = source
+                self._send(proc, box[-1], EXPORTERS)
+                if hold is not None:
+                    hold.logged()
 
-            return admit
+            if hold is not None:
+                hold.logging()
+            self._append_output(proc, encode_output(sources, body), tag_carrier, admit_carrier)
+            if hold is not None:
+                proc.judging.pop(source, None)
+                hold.release()  # the evaluator's job.release(), after the carrier is forwarded
+            return
+        # On the span (the pipeline's sources: the trace's entries).
+        payload = encode_output([source], body)
+        proc.judging.pop(source, None)
+        # On the span, the result goes out with the trace.  Until its copy is written, a
+        # replay may judge it again (no record says otherwise); left out at the bound,
+        # it is never written.
+        self.judged.add(source)
+        self.rejudge_ok.add(source)
+        if not storage.room_for_output(len(payload), needed=False):
+            proc.logging.discard(source)
+        else:
+
+            def tag_copy(seq: int) -> int:
+                self._assigned(proc, seq)
+                storage.outputs_of(seq, [source])
+                return 0
+
+            def admit_copy() -> None:
+                if self._current(proc):
+                    self._result_logged(proc, source)
+
+            self._append_output(proc, payload, tag_copy, admit_copy)
+        if hold is not None:
+            hold.release()  # the trace is forwarded
+
+    def _result_logged(self, proc: _Proc, source: int) -> None:
+        self.judged.add(source)
+        self.rejudge_ok.discard(source)
+        proc.logging.discard(source)
+
+    def _append_output(
+        self,
+        proc: _Proc,
+        payload: bytes,
+        tag: Callable[[int], int],
+        admit: Callable[[], None],
+    ) -> None:
+        """``Pipeline._append_output``: written when ``room_for_output`` (a needed
+        record) says so, else tried again later; ``timeout=False`` (the future tells
+        the write's outcome, however late); a failed write is tried again; a refused
+        call (the log closed, the writer gone) gives up.  The pipeline's later tries
+        run on a timer; here at the end of each step (:meth:`_quiesce`)."""
+        storage = proc.storage
 
         def attempt() -> None:
             if not self._current(proc) or proc.closing:
                 return
-            box: list[int] = []
-
-            def tagged(seq: int) -> int:
-                box.append(seq)
-                return tag(seq)
-
+            if not storage.room_for_output(len(payload)):
+                proc.retry.append(attempt)
+                return
             try:
-                future = storage.append(payload, tag=tagged, admit=admit_at(box), kind=KIND_OUTPUT)
+                future = storage.append(
+                    payload, tag=tag, admit=admit, kind=KIND_OUTPUT, timeout=False
+                )
             except StorageError:
                 return
 
             def done(fut: asyncio.Future[None]) -> None:
                 if fut.cancelled() or fut.exception() is None:
                     return
-                if isinstance(fut.exception(), AppendTimeout):
-                    return  # still being written: admitted once it is
                 if self._current(proc):
                     proc.retry.append(attempt)
 
             future.add_done_callback(done)
 
-        proc.logging.add(source)
         attempt()
 
     # ------------------------------------------------------------------ rules
@@ -627,7 +792,7 @@ class LogMachine(RuleBasedStateMachine):
         rp.early.add(seq)
         # Not checked as a repeated judgement: its logged result, if any, may come
         # later in the log; judging before the replay is over is this client's risk.
-        proc.judging[seq] = proc.storage.pin([seq])
+        self._take_hold(proc, seq)
         self.judge_calls[seq] = self.judge_calls.get(seq, 0) + 1
         proc.judged.add(seq)
         self._log_result(proc, seq, carrier=True, size=100)
@@ -647,7 +812,7 @@ class LogMachine(RuleBasedStateMachine):
             record = rp.pending.pop(0)
             seq = record.seq
             if record.kind == KIND_REQUEST:
-                storage.hold_replayed(seq, 1)
+                storage.hold_replayed(seq, 1, to_forward=True)
                 rp.requests.append(seq)
             elif record.kind == KIND_OUTPUT:
                 try:
@@ -655,12 +820,13 @@ class LogMachine(RuleBasedStateMachine):
                 except ValueError:
                     storage.hold_replayed(seq, 0)
                     continue
+                (target,) = _TARGET.unpack_from(body, 1)
                 if body.startswith(b"C"):
                     storage.hold_replayed(seq, 1, sources)
-                    rp.carriers.append((seq, sources[0]))
+                    rp.carriers.append((seq, target))
                 else:
                     storage.hold_replayed(seq, 0, sources)
-                rp.results.update(sources)
+                rp.results.add(target)
             elif record.kind == KIND_DELIVERED:
                 storage.hold_replayed(seq, 0)
                 storage.replayed_marks(record.payload)
@@ -680,11 +846,15 @@ class LogMachine(RuleBasedStateMachine):
         storage = proc.storage
         for seq in rp.requests:
             if seq in storage.settled:
-                continue  # settled before the restart: neither sent nor judged
+                # Settled before the restart: neither sent nor judged (the pipeline's
+                # dispatch drops it).
+                storage.forwarded([_group(seq)])
+                continue
             if seq not in rp.results and seq not in rp.early:
-                self._needs_judging(proc, seq)
+                self._needs_judging(proc, seq)  # the hold, before the trace is forwarded
             have = storage.delivered.get(seq, set())
             self._send(proc, seq, [e for i, e in enumerate(EXPORTERS) if i not in have])
+            storage.forwarded([_group(seq)])
         for seq, _source in rp.carriers:
             have = storage.delivered.get(seq, set())
             self._send(proc, seq, [e for i, e in enumerate(EXPORTERS) if i not in have])
@@ -725,6 +895,7 @@ class LogMachine(RuleBasedStateMachine):
             self._run(self._quiesce())
 
     def _crash(self, proc: _Proc, torn_bytes: int) -> None:
+        type(self).crashes += 1
         self.generation += 1
         new = self.root / f"g{self.generation}"
         new.mkdir()
@@ -745,6 +916,7 @@ class LogMachine(RuleBasedStateMachine):
         self.next_lossy = True
 
     def _close(self, proc: _Proc) -> None:
+        type(self).clean_stops += 1
         if proc.disk.stalled:
             proc.disk.resume(fail=False)
             self._run(self._quiesce())
@@ -811,7 +983,10 @@ class LogMachine(RuleBasedStateMachine):
     )
     def flip_byte(self, segment: int, record: int, where: str) -> None:
         """A byte of a record of a closed segment goes bad (any segment but the newest,
-        which may be the one being written; the next start reads the damage)."""
+        which may be the one being written; the next start reads the damage).  Records
+        are found as the file was before any damage (a damaged length would misplace
+        the next ones), and a byte already flipped is left alone (flipping it again
+        would mend the record)."""
         files = _segment_files(self.directory)[:-1]
         if not files:
             return
@@ -819,13 +994,16 @@ class LogMachine(RuleBasedStateMachine):
         try:
             with open(path, "r+b") as fh:  # not re-created if the writer deletes it
                 data = fh.read()
-                records = _records_in(data)
+                records = self.parsed.setdefault(path.name, _records_in(data))
                 if not records:
                     return
                 offset, seq, length = records[record % len(records)]
                 if where == "payload" and length == 0:
                     where = "seq"
                 at = offset + _FIELDS[where]
+                if (path.name, at) in self.flipped_at:
+                    return
+                self.flipped_at.add((path.name, at))
                 fh.seek(at)
                 fh.write(bytes([data[at] ^ 0x40]))
         except FileNotFoundError:
@@ -878,7 +1056,7 @@ class LogMachine(RuleBasedStateMachine):
         bound = MAX_SIZE + SEGMENT
         used = 0
         for _ in range(50):  # deletions run on the writer thread: give them a moment
-            used = sum(p.stat().st_size for p in _segment_files(self.directory) if p.exists())
+            used = _disk_used(self.directory)
             if used <= bound:
                 return
             self._run(asyncio.sleep(0.01))

@@ -10,9 +10,11 @@ import struct
 import zlib
 from pathlib import Path
 
+from ragtrace_collector.storage import service
 from ragtrace_collector.storage.config import StorageConfig
 from ragtrace_collector.storage.outputs import KIND_OUTPUT, encode_output
 from ragtrace_collector.storage.service import Storage
+from ragtrace_collector.storage.wal import KIND_REQUEST, SEGMENT_HEADER_SIZE
 from tests.storage.test_output_ledger import _group, _open, _replay, _unsettled, _write
 
 _CHECKPOINT = struct.Struct("<QI")
@@ -167,4 +169,83 @@ async def test_an_output_record_gone_with_its_segment_leaves_its_source_settled(
     await _replay(again)
     assert {second, third} <= again.settled
     assert await _unsettled(again, 1) == 1
+    await again.close()
+
+
+async def test_an_entry_held_while_thousands_settle_keeps_the_bookkeeping_small(
+    tmp_path: Path,
+) -> None:
+    """The heap of held entries drops settled ones only from its top: with the oldest
+    entry held (a result awaited) while newer ones settle, it would grow with every
+    entry written for the life of the process.  It is rebuilt when settled ones make up
+    most of it; the checkpoint still stays at the held entry."""
+    storage = await _open(tmp_path, ["a"])
+    (held,) = await _write(storage, 1)
+    pinned = storage.pin([held])
+    storage.settle([_group(held)], 0)
+    seqs: list[int] = []
+
+    def tag(seq: int) -> int:
+        seqs.append(seq)
+        return 1
+
+    count = 2 * service._ORDER_SLACK
+    await asyncio.gather(*(storage.append(b"x", tag=tag, admit=lambda: None) for _ in range(count)))
+    for seq in seqs:
+        storage.settle([_group(seq)], 0)
+    assert await _unsettled(storage, 1) == 1  # (once the delivery mark is written)
+    assert len(storage._order) <= 2 * 1 + service._ORDER_SLACK
+    assert storage._checkpoint() == held
+    storage.unpin(pinned)
+    assert await _unsettled(storage, 0) == 0
+    assert storage._checkpoint() > max(seqs)
+    await storage.close()
+
+
+def _leave_an_empty_segment(directory: Path, first: int) -> Path:
+    """A segment named ``first`` holding only a header, as a crash right after its
+    creation leaves it; returns the newest segment before it."""
+    last = max(directory.glob("*.wal"))
+    (directory / f"{first:020d}.wal").write_bytes(last.read_bytes()[:SEGMENT_HEADER_SIZE])
+    return last
+
+
+async def test_an_empty_segment_left_by_a_crash_is_not_taken_for_an_older_one(
+    tmp_path: Path,
+) -> None:
+    """A crash right after a new segment was created leaves it holding only its header,
+    named by the next sequence number, which the next process assigns again: its first
+    write creates a segment of the same name.  The replay must not take that one for
+    the old one (close it and delete it while it is being written): a write placed in
+    it was then never admitted (an output write, with no timeout, waited for ever) or
+    deleted with the segment.  The model found it (``holds`` profile, a kill while a
+    write was blocked on a stalled disk).  The empty segment is removed at open."""
+    storage = await _open(tmp_path, ["a"])
+    await _write(storage, 3)  # never settled: replayed
+    await storage.close()
+    last = _leave_an_empty_segment(tmp_path, 4)
+
+    again = await _open(tmp_path, ["a"])
+    assert _segments(tmp_path) == [last.name], "the empty one is removed at open"
+    chunks = again.replay().__aiter__()
+    first = await chunks.__anext__()  # replay has begun: it knows the segments on disk
+    for record in first:
+        again.hold_replayed(record.seq, 1)
+    out: list[int] = []
+
+    def tag(seq: int) -> int:
+        out.append(seq)
+        return 0
+
+    def write() -> asyncio.Future[None]:
+        payload = encode_output([], b"o")
+        return again.append(payload, tag=tag, admit=lambda: None, kind=KIND_OUTPUT, timeout=False)
+
+    await asyncio.wait_for(write(), 5.0)
+    async for chunk in chunks:
+        for record in chunk:  # (the output just written may be read too: no groups)
+            again.hold_replayed(record.seq, 1 if record.kind == KIND_REQUEST else 0)
+    await asyncio.wait_for(write(), 5.0)
+    assert out == [4, 5]
+    assert _segments(tmp_path) == [last.name, f"{4:020d}.wal"]
     await again.close()

@@ -584,7 +584,7 @@ class Pipeline:
                     bad += 1
                     storage.hold_replayed(seq, 0)
                     continue
-                storage.hold_replayed(seq, self._tag(split, seq))
+                storage.hold_replayed(seq, self._tag(split, seq), to_forward=True)
                 self._take(split, None)
                 spans += split.span_count
                 entries += 1
@@ -609,6 +609,7 @@ class Pipeline:
     # ------------------------------------------------------- processor hook
     def _dispatch(self, trace: AssembledTrace) -> None:
         if self._storage is not None and self._storage.settled and self._settled_before(trace):
+            self._storage.forwarded(trace.groups)
             return  # replayed, but delivered (outputs included) before the restart
         count = trace.span_count
         self._held[id(trace)] = (trace, count)
@@ -639,6 +640,8 @@ class Pipeline:
         if self._outstanding is not None:
             self._outstanding.forwarded(trace.groups)
         self._fan_out(trace.groups)
+        if self._storage is not None:
+            self._storage.forwarded(trace.groups)  # replayed entries wait for this
         if self._loop is not None:
             with contextlib.suppress(Exception):
                 self._telemetry.pipeline_latency.observe(self._loop.time() - trace.released_at)

@@ -37,7 +37,12 @@
   held entries keep their segment (they are held themselves).
 * **Replay.**  :meth:`Storage.replay` yields what is on disk at start, past the
   checkpoint; the pipeline feeds it to the assembler and registers each entry with
-  :meth:`Storage.hold_replayed`.
+  :meth:`Storage.hold_replayed`.  A replayed request is also held until the processor
+  has forwarded each of its span groups (:meth:`Storage.forwarded`): pins are not
+  logged, so an entry that every exporter had delivered before the restart (its
+  delivery marks say so) may still owe a result, and the processor takes the hold for
+  it before it forwards the trace.  Without this reference, the replayed marks would
+  settle the entry first and the checkpoint would pass it.
 * **Refusal.**  :meth:`Storage.refusal` is the one answer to "would the log take a
   request now?", read both by admission (the receivers' 429 / RESOURCE_EXHAUSTED with
   a retry delay) and by ``/readyz``:
@@ -117,6 +122,8 @@ _CHECKPOINT_EVERY: Final = 0.5
 #: An entry settled while an older one has been held this long gets delivery marks
 #: (out-of-order settling over a shorter time is passed by the checkpoint anyway).
 _HELD_BACK: Final = 2 * _CHECKPOINT_EVERY
+#: Settled sequence numbers the heap of held entries may carry before it is rebuilt.
+_ORDER_SLACK: Final = 1024
 #: The exporter number of a "settled" mark (every exporter, every output: done).
 _SETTLED: Final = -1
 #: After a failed write, the disk is probed this often, with at most this many bytes.
@@ -211,7 +218,9 @@ class Storage(Component):
         self._entries: dict[int, _Entry] = {}
         #: Heap of the sequence numbers of held entries; settled ones are dropped when
         #: they reach the top, so ``_order[0]`` (after :meth:`_lowest`) is the lowest
-        #: unsettled entry whatever order entries were held in.
+        #: unsettled entry whatever order entries were held in.  Rebuilt from
+        #: ``_entries`` when settled ones make up most of it (an old entry held while
+        #: newer ones settle), so it stays within twice the entries held, plus a few.
         self._order: list[int] = []
         #: Heap of entries settled above the lowest unsettled one without a mark: at
         #: :meth:`close`, those still above the checkpoint get a "settled" mark.
@@ -229,9 +238,14 @@ class Storage(Component):
         #: Delivery marks not yet written: exporter number -> sequence numbers.
         self._marks: dict[int, list[int]] = {}
         #: Replay: exporter numbers that had delivered an entry before the restart.
+        #: Filled by replay only; a request's item goes once the processor has
+        #: forwarded its groups, the others once replay is over (:meth:`_forget_marks`).
         self.delivered: dict[int, set[int]] = {}
-        #: Replay: entries settled before the restart (outputs included).
+        #: Replay: entries settled before the restart (outputs included); kept as long.
         self.settled: set[int] = set()
+        #: Replayed requests -> their span groups the processor has not forwarded yet
+        #: (each one a reference while the entry is held; see :meth:`forwarded`).
+        self._unforwarded: dict[int, int] = {}
         #: The lowest unsettled entry (0: none), and since when (loop time).
         self._oldest = 0
         self._oldest_since = 0.0
@@ -519,9 +533,10 @@ class Storage(Component):
         """The exporters, in the order :meth:`settle` numbers them (before start)."""
         self._exporters = list(names) or [""]
 
-    def _hold(self, seq: int, segment_first: int, groups: int) -> None:
+    def _hold(self, seq: int, segment_first: int, groups: int, *, to_forward: bool = False) -> None:
         """Register a written (or replayed) entry: ``groups`` span groups to deliver to
-        every exporter, plus, for an output record, its unsettled sources."""
+        every exporter (``to_forward``: and for the processor to forward), plus, for an
+        output record, its unsettled sources."""
         if seq >= self._horizon:
             self._horizon = seq + 1
         seg = self._segments[segment_first]
@@ -531,6 +546,9 @@ class Storage(Component):
                 seg.marks += marks
         n = len(self._exporters)
         refs = groups * n
+        if to_forward and groups > 0:
+            refs += groups
+            self._unforwarded[seq] = groups
         sources = self._sources.pop(seq, None) if self._sources else None
         live: list[int] = []
         if sources:
@@ -584,12 +602,8 @@ class Storage(Component):
         touched = False
         for seq in seqs:
             entry = self._entries.get(seq)
-            if entry is None:
-                continue
-            entry.refs -= 1
-            if entry.refs <= 0:
-                self._release(entry)
-                touched = True
+            if entry is not None:
+                touched |= self._unref(entry, 1)
         if touched:
             self._update_watermark()
 
@@ -599,10 +613,21 @@ class Storage(Component):
         if sources:
             self._sources[seq] = sources
 
+    def _unref(self, entry: _Entry, count: int) -> bool:
+        """Drop ``count`` references of ``entry``; whether that settled it."""
+        entry.refs -= count
+        if entry.refs > 0:
+            return False
+        self._release(entry)
+        return True
+
     def _release(self, entry: _Entry, *, marked: bool = False) -> None:
         """``entry`` is settled (``marked``: a replayed "settled" mark says so)."""
         seq = entry.seq
         del self._entries[seq]
+        if len(self._order) > 2 * len(self._entries) + _ORDER_SLACK:
+            self._order = list(self._entries)
+            heapq.heapify(self._order)
         if not marked:
             lowest = self._lowest()
             if lowest is not None and seq > lowest:
@@ -756,7 +781,10 @@ class Storage(Component):
 
         Register every yielded entry with :meth:`hold_replayed` before asking for the
         next chunk.  Until the last chunk was asked for, the checkpoint stays at or
-        below the first record not registered.
+        below the first record not registered.  The replayed marks (:attr:`delivered`,
+        :attr:`settled`) of records other than requests waiting for the processor are
+        dropped in the loop round after the last chunk: fan out replayed carriers in
+        the round the iteration ends.
         """
         recovered = [s for s in self._wal.segments if s.first_seq != self._wal.active_first_seq]
         checkpoint = self._wal.checkpoint
@@ -777,17 +805,62 @@ class Storage(Component):
                 self._maybe_delete(segment.first_seq)
         self._replay_floor = None
         self._update_watermark()
+        if (self.delivered or self.settled) and self._loop is not None:
+            self._loop.call_soon(self._forget_marks)
 
-    def hold_replayed(self, seq: int, refs: int, sources: list[int] | None = None) -> None:
+    def hold_replayed(
+        self,
+        seq: int,
+        refs: int,
+        sources: list[int] | None = None,
+        *,
+        to_forward: bool = False,
+    ) -> None:
         """Register a replayed entry with its span groups (``refs``; 0: nothing to
-        deliver) and, for an output record, the entries it was made from."""
+        deliver) and, for an output record, the entries it was made from.
+        ``to_forward``: a request whose groups go through the processor; the entry is
+        also held until :meth:`forwarded` has been told of each group."""
         if self._replay_segment is None:
             raise RuntimeError("hold_replayed outside replay")
         if sources:
             self._sources[seq] = sources
         if self._replay_floor is not None and seq >= self._replay_floor:
             self._replay_floor = seq + 1
-        self._hold(seq, self._replay_segment, refs)
+        self._hold(seq, self._replay_segment, refs, to_forward=to_forward)
+
+    def forwarded(self, groups: Iterable[SpanGroup]) -> None:
+        """The processor has forwarded these groups (or the pipeline dropped them as
+        settled before the restart): a replayed request no longer waits for them.  Any
+        hold the processor takes for a result still owed is taken before this."""
+        unforwarded = self._unforwarded
+        if not unforwarded:
+            return
+        touched = False
+        for group in groups:
+            seq = group.wal_seq
+            left = unforwarded.get(seq)
+            if left is None:
+                continue
+            if left > 1:
+                unforwarded[seq] = left - 1
+            else:
+                # Every group of it has passed the processor: its marks are read no more.
+                del unforwarded[seq]
+                self.delivered.pop(seq, None)
+                self.settled.discard(seq)
+            entry = self._entries.get(seq)
+            if entry is not None:  # (not settled by a replayed "settled" mark)
+                touched |= self._unref(entry, 1)
+        if touched:
+            self._update_watermark()
+
+    def _forget_marks(self) -> None:
+        """After replay (once the pipeline has fanned out the replayed carriers, in the
+        same loop round): the marks of records that are not requests still waiting for
+        the processor are read no more."""
+        keep = self._unforwarded
+        self.delivered = {s: e for s, e in self.delivered.items() if s in keep}
+        self.settled = {s for s in self.settled if s in keep}
 
     def replayed_marks(self, payload: bytes) -> None:
         """A replayed ``KIND_DELIVERED`` record: those exporters no longer hold those
@@ -818,12 +891,9 @@ class Storage(Component):
                 entry = self._entries.get(seq)
                 if entry is None or entry.groups[exporter] <= 0:
                     continue
-                entry.refs -= entry.groups[exporter]
-                entry.groups[exporter] = 0
-                if entry.refs <= 0:
-                    # Settled now (no "settled" mark says so yet): marked as any other.
-                    self._release(entry)
-                    touched = True
+                owed, entry.groups[exporter] = entry.groups[exporter], 0
+                # Settled now (no "settled" mark says so yet): marked as any other.
+                touched |= self._unref(entry, owed)
         if touched:
             self._update_watermark()
 

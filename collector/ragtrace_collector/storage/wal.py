@@ -321,6 +321,12 @@ class WriteAheadLog:
             next_seq = max(next_seq, last.first_seq)
             for record in self.records(last):
                 next_seq = max(next_seq, record.seq + 1)
+            if last.first_seq >= next_seq and last.size <= SEGMENT_HEADER_SIZE:
+                # Created just before a crash (its header only, once a torn record is
+                # cut off): the first write creates it again under the same name, so it
+                # is removed now, not taken for an older segment to replay and delete.
+                self.segments.pop()
+                last.path.unlink(missing_ok=True)
         self.next_seq = next_seq
 
     def close(self) -> None:
