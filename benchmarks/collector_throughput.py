@@ -896,6 +896,23 @@ def _old_prefilter(spans: Any) -> bool:
     return False
 
 
+#: The conventions the collector read before MLflow and Langfuse were added (issue 29).
+_CONVENTIONS_BEFORE_29 = ("ragtrace", "openinference", "genai", "openllmetry")
+
+
+def _rules_before_29() -> Any:
+    """Case rules with only :data:`_CONVENTIONS_BEFORE_29`, when this version has more
+    (the same-run baseline of what the newer conventions add to the prefilter)."""
+    try:
+        from ragtrace_collector.conventions import CONVENTIONS
+        from ragtrace_collector.evaluation.case_builder import CaseRules, CasesConfig
+    except ImportError:
+        return None
+    if {c.name for c in CONVENTIONS} <= set(_CONVENTIONS_BEFORE_29):
+        return None
+    return CaseRules(CasesConfig(conventions=list(_CONVENTIONS_BEFORE_29)))
+
+
 async def _non_rag(n: int) -> dict[str, float]:
     """Non-RAG traces through the evaluator, against the pass-through processor on the
     same traces.  Everything here is synchronous in ``submit`` (the prefilter says "no
@@ -909,6 +926,7 @@ async def _non_rag(n: int) -> dict[str, float]:
     except ImportError:  # a version from before the prefilter had its own function
         may_hold_case = None
 
+    before_29 = _rules_before_29()
     spans_per_trace = 10
     traces = _non_rag_traces(n, spans_per_trace)
     spans = n * spans_per_trace
@@ -945,6 +963,8 @@ async def _non_rag(n: int) -> dict[str, float]:
         }
         if may_hold_case is not None:
             run["prefilter_us_per_span"] = check(may_hold_case)
+        if before_29 is not None:
+            run["prefilter_before_29_us_per_span"] = check(before_29.may_hold_case)
         for key, value in run.items():
             best[key] = min(best.get(key, float("inf")), value / spans * 1e6)
     await evaluator.drain()
@@ -1238,6 +1258,14 @@ def _report_non_rag(r: dict[str, Any]) -> None:
     if "prefilter_us_per_span" in r:
         ratio = r["prefilter_us_per_span"] / max(r["old_prefilter_us_per_span"], 1e-12)
         print(f"  prefilter / old check, same spans, same run: {ratio:.2f}x")
+    if "prefilter_before_29_us_per_span" in r:
+        before = r["prefilter_before_29_us_per_span"]
+        added = r["prefilter_us_per_span"] - before
+        print(f"    prefilter, conventions before issue 29 {before:>8.3f} us/span")
+        print(
+            f"  MLflow + Langfuse conventions add {added:+.3f} us/span to the prefilter "
+            f"({r['prefilter_us_per_span'] / max(before, 1e-12):.2f}x, same spans, same run)"
+        )
 
 
 def _report_eval(e: dict[str, Any], args: argparse.Namespace) -> None:

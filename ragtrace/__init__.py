@@ -13,6 +13,9 @@ def answer(question: str) -> str: ...
 
 with ragtrace.session("conv-42", user_id="u-7"):
     answer("How do I reset my password?")
+
+# inside answer(): handle = ragtrace.current_request(); later, from anywhere:
+ragtrace.feedback(handle, False, comment="Wrong article")
 ```
 
 Attribute names: :mod:`ragtrace.semconv`.
@@ -23,6 +26,7 @@ from __future__ import annotations
 from ragtrace import semconv
 from ragtrace._config import ConfigurationError, configure, flush, shutdown, stats
 from ragtrace._export import ExportStats
+from ragtrace._feedback import RequestHandle, current_request, feedback
 from ragtrace._instrument import generator, rag, reranker, retriever
 from ragtrace._reference import set_reference
 from ragtrace._session import Session, session
@@ -31,9 +35,12 @@ from ragtrace._version import __version__
 __all__ = [
     "ConfigurationError",
     "ExportStats",
+    "RequestHandle",
     "Session",
     "__version__",
     "configure",
+    "current_request",
+    "feedback",
     "flush",
     "generator",
     "rag",

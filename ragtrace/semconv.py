@@ -30,6 +30,8 @@ KIND_RAG: Final = "rag"
 KIND_RETRIEVER: Final = "retriever"
 KIND_RERANKER: Final = "reranker"
 KIND_GENERATOR: Final = "generator"
+#: A feedback span (``ragtrace.feedback()``): what a user said about a request.
+KIND_FEEDBACK: Final = "feedback"
 
 # openinference.span.kind values
 OI_KIND_CHAIN: Final = "CHAIN"
@@ -155,6 +157,39 @@ DB_QUERY_RESULT_DISTANCE: Final = "db.query.result.distance"
 DB_QUERY_RESULT_METADATA: Final = "db.query.result.metadata"
 DB_QUERY_RESULT_DOCUMENT: Final = "db.query.result.document"
 
+# ------------------------------------------------- MLflow tracing (read only)
+# From ``mlflow.tracing.constant.SpanAttributeKey`` and ``mlflow.entities.SpanType``:
+# MLflow writes every one of its span attributes as JSON, so a span type is the
+# JSON-quoted string (``"RETRIEVER"``, quotes included) and a session id set with
+# ``span.set_attribute("session.id", ...)`` arrives as ``"..."`` too.
+MLFLOW_SPAN_TYPE: Final = "mlflow.spanType"
+MLFLOW_SPAN_INPUTS: Final = "mlflow.spanInputs"
+MLFLOW_SPAN_OUTPUTS: Final = "mlflow.spanOutputs"
+MLFLOW_TYPE_RETRIEVER: Final = '"RETRIEVER"'
+MLFLOW_TYPE_RERANKER: Final = '"RERANKER"'
+#: Span types that may be the case span (the outermost one above a retriever);
+#: ``UNKNOWN`` is what ``@mlflow.trace`` without ``span_type`` writes.
+MLFLOW_ROOT_TYPES: Final = (
+    '"CHAIN"',
+    '"AGENT"',
+    '"WORKFLOW"',
+    '"UNKNOWN"',
+    '"LLM"',
+    '"CHAT_MODEL"',
+)
+
+# ------------------------------------------ Langfuse Python SDK v3+ (read only)
+# From ``langfuse._client.attributes.LangfuseOtelSpanAttributes``: the type an
+# observation was made with (``@observe(as_type=...)``), its input and output (JSON, or
+# the text itself); the session (``propagate_attributes(session_id=...)``) is written
+# as ``session.id`` (:data:`SESSION_ID`).
+LANGFUSE_OBSERVATION_TYPE: Final = "langfuse.observation.type"
+LANGFUSE_OBSERVATION_INPUT: Final = "langfuse.observation.input"
+LANGFUSE_OBSERVATION_OUTPUT: Final = "langfuse.observation.output"
+LANGFUSE_TYPE_RETRIEVER: Final = "retriever"
+#: Observation types that may be the case span; ``span`` is ``@observe()``'s default.
+LANGFUSE_ROOT_TYPES: Final = ("span", "chain", "agent", "generation")
+
 # ------------------------------------------------------------------ evaluation
 EVAL_PREFIX: Final = "ragtrace.eval"
 EVAL_MODEL: Final = "ragtrace.eval.model"
@@ -162,6 +197,13 @@ EVAL_SAMPLE_RATE: Final = "ragtrace.eval.sample_rate"
 EVAL_SAMPLED: Final = "ragtrace.eval.sampled"
 EVAL_COST_USD: Final = "ragtrace.eval.cost_usd"
 EVAL_LATENCY_MS: Final = "ragtrace.eval.latency_ms"
+#: Written by the collector on a scored case span: the question and the answer the
+#: metrics judged, as read from the span (JSON and framework objects reduced to their
+#: text), cut at ``enrichment.max_text_chars``.  OpenInference's ``input.value`` /
+#: ``output.value`` hold what the app recorded and are left as they are; neither the
+#: OpenInference nor the GenAI conventions name the judged text.
+EVAL_INPUT: Final = "ragtrace.eval.input"
+EVAL_OUTPUT: Final = "ragtrace.eval.output"
 #: Written by the collector on a case span whose retrieved ids were compared with
 #: reference ids: where each document's id was read (``document.id``,
 #: ``metadata.doc_id``, ...; several comma-separated when documents differ).  Outside
@@ -182,6 +224,52 @@ EVAL_FIELD_JUDGE: Final = "judge"
 #: Per-document verdicts (JSON list of {span_id, position, score, label, explanation}):
 #: where each retrieved document sits (its retriever or reranker span and index).
 EVAL_FIELD_DOCUMENTS: Final = "documents"
+
+# ------------------------------------------------------------------ user feedback
+# ``ragtrace.feedback()`` (and, later, the collector's ``POST /v1/feedback``) sends one
+# span per feedback, in the request's own trace: a child of the request span and linked
+# to it when its span id is known (``ragtrace.span.kind=feedback``, OpenInference kind
+# EVALUATOR, so no convention takes it for a request).  Its attributes mirror the
+# common shape of Phoenix annotations (name, score, label, explanation, identifier),
+# Langfuse scores (name, value, dataType, comment) and the GenAI
+# ``gen_ai.evaluation.result`` event (name, score.value, score.label, explanation):
+FEEDBACK_SPAN_NAME: Final = "ragtrace.feedback"
+#: What the feedback is about, e.g. ``user_feedback`` (Phoenix ``name``, Langfuse
+#: ``name``, ``gen_ai.evaluation.name``).  In the collector (planned), a repeat of
+#: (request, name, user id) replaces the earlier one.
+FEEDBACK_NAME: Final = "ragtrace.feedback.name"
+#: A double in [0, 1]; a thumbs-up is 1.0, a thumbs-down 0.0 (Phoenix ``score``,
+#: Langfuse ``value``, ``gen_ai.evaluation.score.value``).
+FEEDBACK_VALUE: Final = "ragtrace.feedback.value"
+#: ``boolean`` (the app sent a thumbs) or ``numeric`` (Langfuse ``dataType``).
+FEEDBACK_VALUE_TYPE: Final = "ragtrace.feedback.value_type"
+#: ``positive`` or ``negative``; a number is negative below 0.5 (Phoenix ``label``,
+#: ``gen_ai.evaluation.score.label``; the ``outcome`` label of ragtrace_feedback_total).
+FEEDBACK_OUTCOME: Final = "ragtrace.feedback.outcome"
+#: Free text from the user (Phoenix ``explanation``, Langfuse ``comment``,
+#: ``gen_ai.evaluation.explanation``).
+FEEDBACK_COMMENT: Final = "ragtrace.feedback.comment"
+#: Who gave the feedback (Phoenix ``identifier``, the planned upsert key with the name).
+FEEDBACK_USER_ID: Final = "ragtrace.feedback.user_id"
+#: What the answer should have been, as the user wrote it (LangSmith ``correction``).
+FEEDBACK_CORRECTION: Final = "ragtrace.feedback.correction"
+
+# ragtrace.feedback.value_type values
+FEEDBACK_TYPE_BOOLEAN: Final = "boolean"
+FEEDBACK_TYPE_NUMERIC: Final = "numeric"
+# ragtrace.feedback.outcome values
+FEEDBACK_POSITIVE: Final = "positive"
+FEEDBACK_NEGATIVE: Final = "negative"
+#: A number below this is negative feedback.
+FEEDBACK_NEGATIVE_BELOW: Final = 0.5
+#: Default ``ragtrace.feedback.name``.
+FEEDBACK_DEFAULT_NAME: Final = "user_feedback"
+#: Bounds shared by the SDK and the collector's ``POST /v1/feedback``: a longer name or
+#: user id is refused (a name is a metric label, a user id part of the upsert key, so
+#: cutting either could merge two of them); a longer comment or correction is cut.
+FEEDBACK_MAX_NAME_CHARS: Final = 128
+FEEDBACK_MAX_USER_ID_CHARS: Final = 256
+FEEDBACK_MAX_TEXT_CHARS: Final = 4000
 
 # OpenInference inline evaluations: evaluations.N.evaluation.<field>
 EVALUATIONS: Final = "evaluations"
@@ -219,3 +307,8 @@ def document_attr(prefix: str, index: int, field: str) -> str:
 def evaluation_attr(index: int, field: str) -> str:
     """``evaluations.<index>.<field>``, e.g. ``evaluations.0.evaluation.score``."""
     return f"{EVALUATIONS}.{index}.{field}"
+
+
+def feedback_outcome(value: float) -> str:
+    """``negative`` below 0.5, else ``positive`` (value already in [0, 1])."""
+    return FEEDBACK_NEGATIVE if value < FEEDBACK_NEGATIVE_BELOW else FEEDBACK_POSITIVE

@@ -34,6 +34,7 @@ XDIST_GROUPS: dict[str, str] = {
     "tests/exporters/test_phoenix.py": "phoenix",
     "tests/e2e/test_phoenix_eval.py": "phoenix",
     "tests/e2e/test_phoenix_annotations.py": "phoenix",
+    "tests/e2e/test_phoenix_feedback.py": "phoenix",
 }
 
 

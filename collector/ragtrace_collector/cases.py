@@ -59,6 +59,12 @@ class RAGCase(BaseModel):
     #: e.g. framework-generated UUIDs against document names): the ID metrics are
     #: skipped with this reason instead of scoring a 0 that is not true.
     retrieved_ids_mismatch: str | None = None
+    #: What the recorded question was when it could not be read as text (set online,
+    #: e.g. "a JSON object with keys a, b"): the metrics that need the input are skipped
+    #: with it, never judged on the raw value.
+    input_unreadable: str | None = None
+    #: The same for the answer (``actual_output``).
+    output_unreadable: str | None = None
 
     @field_validator("reference_context_ids", "retrieved_context_ids", mode="before")
     @classmethod

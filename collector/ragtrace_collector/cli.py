@@ -149,6 +149,14 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         metavar="CHARS",
         help="skip (as a bad row) any row with more characters of text (default 1000000)",
     )
+    ev.add_argument(
+        "--feedback-column",
+        default=None,
+        metavar="NAME",
+        help="a column of human labels (bool, or a number in [0, 1]; negative below 0.5): "
+        "print each metric's AUROC against negative labels, its 95%% interval, Cohen's "
+        "kappa at the threshold and the number of rows",
+    )
 
     from ragtrace_collector.storage.replay import add_arguments as replay_arguments
 

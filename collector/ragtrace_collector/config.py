@@ -57,6 +57,7 @@ from ragtrace_collector.exporters.config import (
     PhoenixExporterConfig,
     default_exporters,
 )
+from ragtrace_collector.feedback.config import FeedbackConfig
 from ragtrace_collector.judges.config import JudgeConfig
 from ragtrace_collector.metrics import OFFLINE_METRICS, MetricOptions
 from ragtrace_collector.metrics.config import MetricName, expand_include_defaults
@@ -208,6 +209,11 @@ class CollectorConfig(StrictModel):
         default_factory=StorageConfig,
         description="The write-ahead log: with `directory` set, every accepted request is "
         "on disk before it is acknowledged, and replayed after a crash.",
+    )
+    feedback: FeedbackConfig = Field(
+        default_factory=FeedbackConfig,
+        description="User feedback joined to the scores of its request, and how well each "
+        "metric predicts it (docs/feedback.md).",
     )
 
     @field_validator("exporters")

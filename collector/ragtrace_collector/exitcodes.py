@@ -6,7 +6,8 @@ One kind of mistake gets one code, whichever command meets it:
   argparse exits 2 itself for a bad command line; ``serve --config``, ``check-config``
   and ``eval --config`` exit 2 for a configuration file that cannot be read, is not
   YAML, or is not a valid configuration (for ``serve`` and ``check-config``: any
-  problem ``check-config`` reports).
+  problem ``check-config`` reports); ``eval`` also exits 2 when a metric it was asked
+  for needs a field that no row of the data has (nothing would be scored).
 
 The other codes belong to each command: ``serve`` exits 1 when it cannot start for a
 reason ``check-config`` does not check (a port that cannot be bound) and 3 when spans

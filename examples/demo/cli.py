@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import sys
@@ -33,6 +34,7 @@ from rich.live import Live
 
 import ragtrace
 from examples.demo.collector import (
+    DEMO_METRICS,
     CollectorError,
     CollectorProcess,
     collector_config,
@@ -42,12 +44,14 @@ from examples.demo.display import (
     LiveView,
     alert_panel,
     caller_cwd,
+    feedback_table,
     intro,
     locations_panel,
     print_table,
     results_table,
     shown_path,
 )
+from examples.demo.feedback import SimulatedUsers
 from examples.demo.phoenix import PhoenixError, PhoenixProcess, phoenix_python
 from examples.demo.plan import (
     FAULT_DESCRIPTIONS,
@@ -63,11 +67,10 @@ from examples.demo.plan import (
 )
 from examples.demo.processes import ChildProcess
 from examples.demo.results import SpanReport, read_spans, summarise
-from examples.demo.traffic import IndexedBot, Phase, TrafficDriver
+from examples.demo.traffic import DemoBot, IndexedBot, Phase, TrafficDriver
 from examples.demo.webhook import AlertReceiver
-from examples.support_bot import FaultMode, SupportBot
+from examples.support_bot import FaultMode
 from ragtrace import semconv
-from ragtrace_collector.metrics import OFFLINE_METRICS
 
 __all__ = ["main"]
 
@@ -196,6 +199,9 @@ class Demo:
         self.phoenix_annotations = 0
         self.low_span: tuple[str, float, str] | None = None
         self.sdk_configured = False
+        #: The simulated users' feedback, and the collector's ``GET /feedback`` after it.
+        self.users = SimulatedUsers(random.Random(7))
+        self.feedback: dict[str, Any] | None = None
         self.waiting_for_user = False
         self.cleaning = False
         self.exit_code = 1
@@ -216,10 +222,15 @@ class Demo:
         webhook_url = await self._start_services()
         healthy, degraded = await self._send_traffic()
 
-        self.say("traffic done: flushing the SDK, then stopping the collector with SIGTERM")
+        self.users.flush()  # the late feedback still held
+        self.say(
+            f"traffic done: {self.users.sent} feedback sent ({self.users.negative} thumbs-down); "
+            "flushing the SDK, reading /feedback, then stopping the collector with SIGTERM"
+        )
         ragtrace.shutdown()
         self.sdk_configured = False
         assert self.collector is not None
+        self.feedback = await self.collector.feedback(self.users.sent)
         collector_code = await self.collector.stop()
         clean = collector_code == 0
         self.say(
@@ -229,7 +240,7 @@ class Demo:
         records = list(read_spans(self.out / _SPANS))
         report = summarise(
             records,
-            OFFLINE_METRICS,
+            DEMO_METRICS,
             degraded.started_ns,
             split_by=INDEX_VERSION_KEY if self.rollout else None,
         )
@@ -310,7 +321,7 @@ class Demo:
             f"collector ready (pid {self.collector.pid}): OTLP/HTTP on "
             f"[cyan]{self.collector.otlp_http_url}[/], metrics on "
             f"[cyan]{self.collector.admin_url}/metrics[/]; "
-            f"{len(OFFLINE_METRICS)} metrics, offline judge, sampling 100%"
+            f"{len(DEMO_METRICS)} metrics, offline judge, sampling 100%"
         )
         if self.phoenix is not None:
             await self.phoenix.wait_ready()
@@ -325,10 +336,13 @@ class Demo:
             phoenix_project=SERVICE_NAME if self.phoenix else None,
         )
         self.sdk_configured = True
-        bot_type = IndexedBot if self.rollout else SupportBot
+        bot_type = IndexedBot if self.rollout else DemoBot
         bot = bot_type(fault=FaultMode.NONE, model="extractive")
         driver = TrafficDriver(
-            bot, interval=self.plan.interval, conversation_every=self.plan.conversation_every
+            bot,
+            interval=self.plan.interval,
+            conversation_every=self.plan.conversation_every,
+            users=self.users,
         )
         healthy = Phase("healthy", FaultMode.NONE)
         degraded = Phase("degraded", self.fault, rollout_every=ROLLOUT_EVERY if self.rollout else 0)
@@ -438,6 +452,14 @@ class Demo:
             ),
             None,
         )
+        if self.feedback is not None:
+            print_table(console, feedback_table(self.feedback, sent=self.users.sent))
+        else:
+            console.print(
+                f"[dim]{self.users.sent} feedback sent; the collector did not answer "
+                "GET /feedback, so there is no ranking of the metrics to show.[/]"
+            )
+        console.print()
         console.print(
             alert_panel(
                 primary,
@@ -537,6 +559,11 @@ class Demo:
                 "payload": primary.payload if primary else None,
             },
             "alerts_fired": fired,
+            "feedback": {
+                "sent": self.users.sent,
+                "negative": self.users.negative,
+                "collector": self.feedback,
+            },
             # every rule that fired at least once (a rollout: the split drop rules of the
             # stable index must not be among them)
             "rules_fired": sorted({a.rule for a in self.receiver.alerts if a.firing}),

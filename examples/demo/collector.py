@@ -26,6 +26,11 @@ from examples.demo.processes import ChildProcess, tail
 from ragtrace_collector.metrics import OFFLINE_METRICS
 from ragtrace_collector.segments import prometheus_label
 
+#: The demo's metrics: the offline set, and answer_relevancy, which reads only the
+#: question and the answer, so the feedback ranking shows a metric that cannot tell a
+#: missed article apart ranking low.
+DEMO_METRICS: tuple[str, ...] = (*OFFLINE_METRICS, "answer_relevancy")
+
 __all__ = [
     "CollectorError",
     "CollectorProcess",
@@ -82,7 +87,7 @@ def collector_config(
         # Ready 300 ms after a trace's last span: quick enough to watch live.
         "assembly": {"decision_wait": "300ms", "max_trace_wait": "10s"},
         "judge": {"model": "offline"},
-        "metrics": {name: {} for name in OFFLINE_METRICS},
+        "metrics": {name: {} for name in DEMO_METRICS},
         "sampling": {"rate": 1.0},
         "exporters": exporters,
         "alerts": {
@@ -275,6 +280,31 @@ class CollectorProcess:
                 elif sample.name == "ragtrace_eval_latency_seconds_count":
                     evaluated += value
         return ScoreTotals(totals.count, totals.total, evaluated, totals.by_index)
+
+    async def feedback(self, sent: int, wait: float = 15.0) -> dict[str, Any] | None:
+        """The collector's ``GET /feedback`` once it has counted the ``sent`` feedback
+        and computed figures (they refresh every few seconds), at most ``wait``
+        seconds; None if it never answered (a collector without the endpoint)."""
+        if self._session is None:
+            return None
+        deadline = time.monotonic() + wait
+        last: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            try:
+                async with self._session.get(f"{self.admin_url}/feedback") as resp:
+                    if resp.status == 404:
+                        return None
+                    if resp.status == 200:
+                        last = await resp.json()
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                pass
+            if last is not None:
+                counts = last.get("counts", {})
+                seen = int(counts.get("recorded", 0)) + int(counts.get("replaced", 0))
+                if seen >= sent and last.get("series"):
+                    return last
+            await asyncio.sleep(0.5)
+        return last
 
     async def stop(self, grace: float = 60.0) -> int | None:
         """Graceful shutdown (SIGTERM; the collector flushes every span), bounded."""

@@ -41,6 +41,7 @@ __all__ = [
     "LiveView",
     "alert_panel",
     "caller_cwd",
+    "feedback_table",
     "intro",
     "locations_panel",
     "print_table",
@@ -269,6 +270,43 @@ def results_table(report: SpanReport, fault: FaultMode, *, rollout: bool = False
             *after,
             f"{summary.before.count} / {summary.after.count}",
         )
+    return table
+
+
+def feedback_table(report: dict[str, Any], *, sent: int) -> Table:
+    """The metrics ranked by how well they predict a thumbs-down (the collector's
+    ``GET /feedback``): AUROC with its interval, Cohen's kappa at the threshold, and
+    the joined requests behind them."""
+    table = Table(
+        title="Which metric predicts an unhappy user (AUROC against the users' thumbs)",
+        caption_justify="left",
+        header_style="bold",
+        title_style="bold",
+    )
+    table.add_column("Metric", no_wrap=True)
+    table.add_column("AUROC", justify="right")
+    table.add_column("95% interval", justify="right", style="dim")
+    table.add_column("κ", justify="right")
+    table.add_column("Pairs", justify="right", style="dim")
+    for series in report.get("series", []):
+        if series.get("name") != semconv.FEEDBACK_DEFAULT_NAME:
+            continue
+        interval = series.get("interval")
+        kappa = series.get("kappa")
+        table.add_row(
+            _metric_name(str(series.get("metric"))),
+            _score(series.get("auroc")),
+            f"{interval[0]:.2f}–{interval[1]:.2f}" if interval else "—",
+            "—" if kappa is None else f"{kappa:.2f}",
+            str(series.get("pairs", 0)),
+        )
+    counts = report.get("counts", {})
+    table.caption = (
+        f"{sent} feedback sent, some late; the collector joined "
+        f"{counts.get('recorded', 0)} to the requests' scores. AUROC: the chance that a "
+        "request with a thumbs-down scored lower than one with a thumbs-up (0.5: no better "
+        "than a coin). κ: pass/fail at the threshold against up/down."
+    )
     return table
 
 

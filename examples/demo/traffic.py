@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
+import ragtrace
+from examples.demo.feedback import SimulatedUsers, found_answer
 from examples.demo.plan import CANDIDATE_INDEX, INDEX_VERSION_KEY, STABLE_INDEX
 from examples.support_bot import (
     FaultMode,
@@ -26,10 +28,21 @@ from examples.support_bot import (
     run_golden,
 )
 
-__all__ = ["IndexedBot", "Phase", "TrafficDriver"]
+__all__ = ["DemoBot", "IndexedBot", "Phase", "TrafficDriver"]
 
 
-class IndexedBot(SupportBot):
+class DemoBot(SupportBot):
+    """The support bot, remembering the last request's handle for its user's feedback."""
+
+    last_request: ragtrace.RequestHandle | None = None
+
+    def retrieve(self, query: str) -> list[Hit]:
+        # Still in the request's @rag span: the handle a front end would be given.
+        self.last_request = ragtrace.current_request()
+        return super().retrieve(query)
+
+
+class IndexedBot(DemoBot):
     """The support bot, naming the index version that serves each request."""
 
     index_version: str = STABLE_INDEX
@@ -94,10 +107,20 @@ class TrafficDriver:
     """Sends the support bot's requests, one golden question per tick, and one
     scripted conversation every ``conversation_every`` ticks."""
 
-    def __init__(self, bot: SupportBot, *, interval: float, conversation_every: int) -> None:
+    def __init__(
+        self,
+        bot: SupportBot,
+        *,
+        interval: float,
+        conversation_every: int,
+        users: SimulatedUsers | None = None,
+    ) -> None:
         if interval <= 0 or conversation_every < 1:
             raise ValueError("interval must be > 0 and conversation_every >= 1")
         self.bot = bot
+        #: The users who leave feedback on the golden answers (a thumbs-down more often
+        #: when the right article was not retrieved).
+        self.users = users
         self.interval = interval
         self.conversation_every = conversation_every
         self._golden = load_golden()
@@ -128,6 +151,11 @@ class TrafficDriver:
         run = run_golden(self.bot, items=[item], set_reference=True)
         phase.golden += 1
         phase.app_id_recall_total += run.id_recall
+        if self.users is not None and run.results:
+            (answered,) = run.results
+            handle = self.bot.last_request if isinstance(self.bot, DemoBot) else None
+            found = found_answer(answered.answer.context_ids, item.reference_context_ids)
+            self.users.after(handle, found)
         if self._ticks % self.conversation_every == self.conversation_every - 1:
             script = self._conversations[phase.conversations % len(self._conversations)]
             self._serve_with(phase, candidate=False)

@@ -11,6 +11,8 @@
 * :class:`EvalCollectorThread`: the in-process :class:`CollectorService` with its
   evaluation stage (the harness's thread runs a pass-through by default);
 * :class:`HookReceiver`: an aiohttp server on loopback recording every JSON POST;
+* :class:`ReleaseSender`: raw OTLP traces of two releases on two index versions, one
+  of which can break or be rolled back;
 * read-back helpers for Alertmanager, Prometheus, ``/metrics`` and the sink.
 """
 
@@ -27,6 +29,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -35,6 +38,7 @@ from typing import Any
 
 import yaml
 from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
 
 import ragtrace
@@ -42,10 +46,12 @@ from examples.support_bot import SupportBot, run_golden
 from examples.support_bot.data import GoldenItem, load_golden
 from ragtrace import semconv
 from ragtrace_collector.config import parse_config
+from ragtrace_collector.otlp.spanattrs import set_attributes
 from ragtrace_collector.service.server import CollectorService
 from tests.fakes.harness import CollectorThread, http_get
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 from tests.fakes.services import free_port, get_json
+from tests.fakes.spans import make_span
 
 COLLECTOR_BIN = Path(sys.executable).with_name("ragtrace-collector")
 SERVICE = "support-bot-alerting"
@@ -53,8 +59,9 @@ METRIC = "id_context_recall"
 SCORE_ATTR = semconv.eval_attr(METRIC, semconv.EVAL_FIELD_SCORE)
 
 #: The collector's drop rule, shared by the firing test and the noise test: a 6s window
-#: against the 30s before it, a drop of 0.2 that the one-sided Welch test must find real
-#: (``test_margin``), at least 20 scores on each side, held for 1s.
+#: against the 30s before it, a drop of 0.2 that the sequential test (the default) must
+#: gather evidence for, at least 20 scores on each side, held for 1s.  ``hysteresis``
+#: and ``confidence`` apply to ``test: window`` only.
 DETECTOR_RULE: dict[str, Any] = {
     "name": "id-recall-drop",
     "metric": METRIC,
@@ -448,3 +455,83 @@ def rag_span(sink: OtlpSink, trace_id: str) -> ReceivedSpan | None:
         ):
             return span
     return None
+
+
+# ------------------------------------------------------ segment traffic (raw OTLP)
+SEGMENT_SERVICE = "shop"
+
+
+class ReleaseSender:
+    """Posts one trace at a time over OTLP/HTTP to ``url`` (the collector's
+    ``/v1/traces``) for :data:`SEGMENT_SERVICE`, alternating index ``v1`` (release
+    ``1.0``) and index ``v2`` (release ``2.0``), ``rate`` traces a second each, from a
+    thread.  The index version is an attribute of the retriever span, the release one
+    of the resource.  ``broken`` makes v2's retrieval miss (ID recall mostly 0 instead
+    of 1.0 or 0.5); ``rolled_back`` stops v2's traffic (a rollback).  ``last_sent``
+    keeps, per index version, the wall time its last post was answered."""
+
+    def __init__(self, url: str, *, rate: float = 12.0, seed: int = 22) -> None:
+        self.url = url
+        self.broken = False
+        self.rolled_back = False
+        self.sent: dict[str, str] = {}  # trace id hex -> index version
+        self.last_sent: dict[str, float] = {}
+        self._period = 1.0 / (2 * rate)
+        self._stop = threading.Event()
+        self._rng = random.Random(seed)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="release-sender", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop, and re-raise what went wrong in the thread."""
+        self._stop.set()
+        self._thread.join(30)
+        if self._error is not None:
+            raise AssertionError("the sender thread failed") from self._error
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for index, release in (("v1", "1.0"), ("v2", "2.0")):
+                    if not (index == "v2" and self.rolled_back):
+                        self._post(index, release)
+                    self._stop.wait(self._period)
+        except BaseException as exc:
+            self._error = exc
+
+    def _post(self, index: str, release: str) -> None:
+        tid = os.urandom(16)
+        bad = index == "v2" and self.broken
+        # ID recall against 2 reference ids: 1.0 or 0.5 when healthy, mostly 0 when broken.
+        if bad:
+            docs = ["doc_9"] if self._rng.random() < 0.8 else ["doc_1"]
+        else:
+            docs = ["doc_1", "doc_2"] if self._rng.random() < 0.8 else ["doc_1"]
+        attrs = {
+            semconv.INPUT_VALUE: "How do I reset my password?",
+            semconv.OUTPUT_VALUE: "answer",
+            semconv.REFERENCE_CONTEXT_IDS: json.dumps(["doc_1", "doc_2"]),
+        }
+        rag = make_span(tid, "rag", attrs=attrs)
+        retriever = make_span(tid, "retriever", parent=rag, docs=[(d, f"text {d}") for d in docs])
+        set_attributes(retriever.attributes, [("app.index_version", index)])
+        request = ExportTraceServiceRequest()
+        rs = request.resource_spans.add()
+        set_attributes(
+            rs.resource.attributes,
+            [("service.name", SEGMENT_SERVICE), ("service.version", release)],
+        )
+        rs.scope_spans.add().spans.extend([rag, retriever])
+        post = urllib.request.Request(
+            self.url,
+            data=request.SerializeToString(),
+            headers={"Content-Type": "application/x-protobuf"},
+            method="POST",
+        )
+        with urllib.request.urlopen(post, timeout=10) as resp:
+            assert resp.status == 200
+        self.sent[tid.hex()] = index
+        self.last_sent[index] = time.time()

@@ -17,93 +17,25 @@ webhook on loopback) gets traces of one service on two index versions, ``v1`` an
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import random
-import threading
 import time
-import urllib.request
 from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from ragtrace import semconv
 from ragtrace_collector.config import parse_config
-from ragtrace_collector.otlp.spanattrs import set_attributes
 from tests.alerting_e2e._support import (
     DETECTOR_RULE,
     METRIC,
+    SEGMENT_SERVICE,
     EvalCollectorThread,
+    ReleaseSender,
     collector_data,
     hook_receiver,
 )
 from tests.fakes.otlp_sink import OtlpSink
-from tests.fakes.spans import make_span
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
-
-SERVICE = "shop"
-RATE = 12.0  # traces a second, per index version
-
-
-class _Sender:
-    """Posts one trace at a time over OTLP/HTTP, alternating v1 (release 1.0) and v2
-    (release 2.0), from a thread; ``broken`` makes v2's retrieval miss."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.broken = False
-        self.sent: dict[str, str] = {}  # trace id hex -> index version
-        self._stop = threading.Event()
-        self._rng = random.Random(22)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        period = 1.0 / (2 * RATE)
-        while not self._stop.is_set():
-            for index, release in (("v1", "1.0"), ("v2", "2.0")):
-                self._post(index, release)
-                self._stop.wait(period)
-
-    def _post(self, index: str, release: str) -> None:
-        tid = os.urandom(16)
-        bad = index == "v2" and self.broken
-        # ID recall against 2 reference ids: 1.0 or 0.5 when healthy, mostly 0 when broken.
-        if bad:
-            docs = ["doc_9"] if self._rng.random() < 0.8 else ["doc_1"]
-        else:
-            docs = ["doc_1", "doc_2"] if self._rng.random() < 0.8 else ["doc_1"]
-        attrs = {
-            semconv.INPUT_VALUE: "How do I reset my password?",
-            semconv.OUTPUT_VALUE: "answer",
-            semconv.REFERENCE_CONTEXT_IDS: json.dumps(["doc_1", "doc_2"]),
-        }
-        rag = make_span(tid, "rag", attrs=attrs)
-        retriever = make_span(tid, "retriever", parent=rag, docs=[(d, f"text {d}") for d in docs])
-        set_attributes(retriever.attributes, [("app.index_version", index)])
-        request = ExportTraceServiceRequest()
-        rs = request.resource_spans.add()
-        set_attributes(
-            rs.resource.attributes, [("service.name", SERVICE), ("service.version", release)]
-        )
-        rs.scope_spans.add().spans.extend([rag, retriever])
-        post = urllib.request.Request(
-            self.url,
-            data=request.SerializeToString(),
-            headers={"Content-Type": "application/x-protobuf"},
-            method="POST",
-        )
-        with urllib.request.urlopen(post, timeout=10) as resp:
-            assert resp.status == 200
-        self.sent[tid.hex()] = index
 
 
 def _config(sink: OtlpSink, hook_url: str) -> dict[str, Any]:
@@ -142,7 +74,7 @@ async def test_a_drop_on_one_index_version_names_it_beside_the_healthy_one(
         config = parse_config(_config(sink, hooks.url + "/ragtrace"), env={})
         collector = EvalCollectorThread(config)
         collector.start()
-        sender = _Sender(collector.http_url)
+        sender = ReleaseSender(collector.http_url)
         try:
             sender.start()
             await asyncio.sleep(15)  # a window and most of a baseline, healthy
@@ -158,7 +90,7 @@ async def test_a_drop_on_one_index_version_names_it_beside_the_healthy_one(
         finally:
             await asyncio.to_thread(sender.stop)
             labels = {
-                "service": SERVICE,
+                "service": SEGMENT_SERVICE,
                 "metric": METRIC,
                 "service_version": "1.0",
                 "app_index_version": "v1",
@@ -167,7 +99,7 @@ async def test_a_drop_on_one_index_version_names_it_beside_the_healthy_one(
             await asyncio.to_thread(collector.stop)
 
     assert by_index["segments"] == {"app.index_version": "v2"}
-    assert by_index["service"] == SERVICE
+    assert by_index["service"] == SEGMENT_SERVICE
     assert by_index["window_mean"] < by_index["baseline"] - 0.2
     assert by_index["baseline"] > 0.8
     (sibling,) = by_index["siblings"]

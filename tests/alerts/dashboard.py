@@ -65,24 +65,43 @@ def queries(dash: dict[str, Any]) -> list[str]:
 
 
 def variable_selectors(dash: dict[str, Any]) -> list[str]:
-    """The series selectors inside the ``label_values(selector, label)`` variables."""
+    """The series selectors inside the query variables: ``label_values(selector,
+    label)`` (a filter's values) and ``label_names(selector)`` (a choice of label)."""
     out = []
     for var in dash["templating"]["list"]:
         if var["type"] != "query":
             continue
-        match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", var["query"]["query"])
-        assert match, f"variable {var['name']}: not a label_values() query"
-        out.append(match.group(1))
+        query = var["query"]["query"]
+        match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)|label_names\((.+)\)", query)
+        assert match, f"variable {var['name']}: not a label_values() or label_names() query"
+        out.append(match.group(1) or match.group(3))
     return out
 
 
-def custom_variables(dash: dict[str, Any]) -> dict[str, str]:
-    """Each ``custom`` variable (a choice among labels, e.g. ``split``) -> its current value."""
+def label_variables(dash: dict[str, Any]) -> dict[str, str]:
+    """Each variable whose value is a label name (``split``: a ``custom`` list or a
+    ``label_names()`` query) -> its current value."""
     return {
         var["name"]: var["current"]["value"]
         for var in dash["templating"]["list"]
         if var["type"] == "custom"
+        or (var["type"] == "query" and var["query"]["query"].startswith("label_names("))
     }
+
+
+def offered_labels(var: dict[str, Any], label_names: set[str]) -> list[str]:
+    """The labels Grafana offers for a variable whose value is a label name, when
+    Prometheus answers ``label_names`` (the label names of the selected series): a
+    ``custom`` variable offers its fixed list whatever the answer; a
+    ``label_names(selector)`` query those its ``regex`` (a JavaScript ``/.../``
+    literal; lookaheads read the same in Python) keeps, sorted as its ``sort`` says
+    (1: alphabetical)."""
+    if var["type"] == "custom":
+        return [x.strip() for x in var["query"].split(",") if x.strip()]
+    literal = var.get("regex") or ""
+    body = literal[1 : literal.rindex("/")] if literal.startswith("/") else literal
+    kept = [n for n in label_names if not body or re.search(body, n)]
+    return sorted(kept) if var.get("sort") == 1 else kept
 
 
 def interpolate(expr: str, custom: dict[str, str] | None = None) -> str:

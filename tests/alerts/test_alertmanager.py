@@ -103,6 +103,8 @@ async def test_the_detector_fires_re_sends_and_resolves_in_alertmanager(tmp_path
                         "window": "2s",
                         "baseline": 0.9,
                         "for": 0,
+                        # The window test: this test does not wait for a step to end.
+                        "test": "window",
                         "labels": {"severity": "page"},
                     }
                 ],

@@ -25,10 +25,11 @@ from tests.alerts.dashboard import (
     GRAFANA,
     REQUIRED_FAMILIES,
     all_panels,
-    custom_variables,
     interpolate,
+    label_variables,
     load_dashboard,
     metric_names,
+    offered_labels,
     queries,
     variable_selectors,
 )
@@ -119,16 +120,16 @@ def test_the_dashboard_filters_and_splits_by_the_segment_labels() -> None:
         assert var["query"]["query"].endswith(f", {label})")
         assert var["includeAll"]
         assert var["allValue"] == ".*"  # also matches a series without the label
-    split = variables["split"]
-    assert split["type"] == "custom"
-    assert split["query"].split(",") == SEGMENT_LABELS
-    assert split["current"]["value"] in SEGMENT_LABELS
-    # every score and result selector of every panel honours every segment filter
+    assert variables["split"]["current"]["value"] in SEGMENT_LABELS
+    # every score and result selector of every panel honours every segment filter,
+    # except the whole-service totals the "against the rest" panel compares with
+    rest = 'service=~"$service", metric=~"$metric"'
     selectors = [m for e in queries(dash) for m in _SCORE_SELECTOR.findall(e)]
     assert len(selectors) >= 10
+    assert sum(sel == rest for sel in selectors) == 4
     for sel in selectors:
         for label in SEGMENT_LABELS:
-            assert f'{label}=~"${label}"' in sel, sel
+            assert sel == rest or f'{label}=~"${label}"' in sel, sel
     by_title = {p["title"]: p for p in all_panels(dash)}
     panel = by_title["$metric by $split"]
     assert panel["repeat"] == "metric"
@@ -140,6 +141,46 @@ def test_the_dashboard_filters_and_splits_by_the_segment_labels() -> None:
     ratio = by_title["$metric: each $split against the rest"]
     assert ratio["repeat"] == "metric"
     assert "/ on (service, $split)" in ratio["targets"][0]["expr"]
+
+
+def _stored_label_names(segments: list[str]) -> set[str]:
+    """The label names Prometheus answers for ``ragtrace_eval_score_count`` scraped from
+    a collector with these ``segments:``: the collector's labels on that series, plus
+    the name and the scrape's ``job`` and ``instance``."""
+    telemetry = Telemetry()
+    telemetry.results.set_segment_labels([segment_label(k) for k in segments])
+    telemetry.results.record("shop", "contextual_recall", "passed", 0.5, ("v",) * len(segments))
+    text = telemetry.render().decode("utf-8")
+    on_series = {
+        label
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "ragtrace_eval_score_count"
+        for label in sample.labels
+    }
+    assert {"service", "metric"} <= on_series
+    return on_series | {"__name__", "job", "instance"}
+
+
+@pytest.mark.parametrize(
+    "segments",
+    [list(SHIPPED_SEGMENTS), ["tenant.tier", "service.version"], []],
+    ids=["shipped", "custom", "none"],
+)
+def test_the_split_choice_offers_only_the_segment_labels_the_collector_exports(
+    segments: list[str],
+) -> None:
+    """ "Split scores by" lists the segment labels on the collector's score series, under
+    their Prometheus names, and nothing else: not a shipped label the collector does not
+    export (the old fixed list offered app_index_version to every collector), nor
+    service, metric or the scrape's labels (a split by service has no rest to compare
+    with)."""
+    split = {v["name"]: v for v in load_dashboard()["templating"]["list"]}["split"]
+    offered = offered_labels(split, _stored_label_names(segments))
+    assert offered == sorted(segment_label(k) for k in segments)
+    if segments == list(SHIPPED_SEGMENTS):
+        assert split["current"]["value"] in offered
+    assert variable_selectors({"templating": {"list": [split]}}) == ["ragtrace_eval_score_count"]
 
 
 def test_the_dashboard_names_only_exported_series() -> None:
@@ -163,7 +204,7 @@ def test_the_dashboard_names_only_exported_series() -> None:
 @pytest.mark.services  # promtool
 def test_every_dashboard_query_parses(tmp_path: Path) -> None:
     dash = load_dashboard()
-    custom = custom_variables(dash)
+    custom = label_variables(dash)
     exprs = [interpolate(e, custom) for e in queries(dash) + variable_selectors(dash)]
     records = [{"record": f"dashboard:query:{i}", "expr": e} for i, e in enumerate(exprs)]
     rules = {"groups": [{"name": "dashboard", "rules": records}]}
@@ -272,7 +313,7 @@ def test_every_dashboard_query_sums_over_replicas() -> None:
     dash = load_dashboard()
     per_replica = []
     for expr in queries(dash):
-        for operand in _leaf_operands(interpolate(expr, custom_variables(dash))):
+        for operand in _leaf_operands(interpolate(expr, label_variables(dash))):
             if "by (instance)" in operand:
                 per_replica.append(operand)
                 continue
@@ -289,3 +330,61 @@ def test_every_dashboard_query_sums_over_replicas() -> None:
         "sum(b)",
         "rate(c[5m])",
     ]
+
+
+@pytest.mark.services  # promtool
+def test_each_split_against_the_rest_compares_with_the_whole_service_whatever_the_filter(
+    tmp_path: Path,
+) -> None:
+    """The ratio panel with the Version filter set to v2 and split by version, run by
+    promtool on two versions (v1 at 0.8, v2 at 0.6): v2 is 0.75 of the rest.  Before
+    issue 28 the rest was computed after the filter (nothing but v2), and the panel
+    drew nothing (NaN)."""
+    (panel,) = [
+        p
+        for p in all_panels(load_dashboard())
+        if p["title"].endswith("each $split against the rest")
+    ]
+    expr = panel["targets"][0]["expr"].replace("$__rate_interval", "5m")
+    expr = re.sub(r"\$\{split\}|\$split\b", "service_version", expr)
+    expr = expr.replace('service_version=~"$service_version"', 'service_version=~"v2"')
+    expr = "round(" + re.sub(r"\$\w+", ".*", expr) + ", 0.0001)"
+    labels = 'service="shop", metric="contextual_recall", deployment_environment="prod"'
+
+    def series(version: str, name: str, per_minute: int) -> dict[str, str]:
+        return {
+            "series": f'{name}{{{labels}, service_version="{version}", app_index_version="i1"}}',
+            "values": f"0+{per_minute}x30",
+        }
+
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    series("v1", "ragtrace_eval_score_sum", 48),
+                    series("v1", "ragtrace_eval_score_count", 60),
+                    series("v2", "ragtrace_eval_score_sum", 36),
+                    series("v2", "ragtrace_eval_score_count", 60),
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "20m",
+                        "exp_samples": [
+                            {"labels": '{service="shop", service_version="v2"}', "value": 0.75}
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "ratio.test.yml"
+    path.write_text(yaml.safe_dump(test), encoding="utf-8")
+    assert PROMTOOL is not None, "promtool is not installed (scripts/setup-services.sh)"
+    result = subprocess.run(
+        [PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -92,7 +92,7 @@ async def test_without_the_margin_noise_does_fire_which_is_why_it_is_the_default
     fired = []
     for seed in range(100):
         clock = Clock()
-        det = detector([rule(test_margin=False)], clock=clock)
+        det = detector([rule(test_margin=False, test="window")], clock=clock)
         events = await simulate(det, clock, seed=seed, noise="bernoulli", mean=0.8, seconds=1800)
         if events:
             fired.append(seed)
@@ -210,7 +210,9 @@ async def test_hysteresis_holds_a_firing_alert_until_the_recovery_is_clear() -> 
     clock = Clock()
     rec = RecordingNotifier()
     det = detector(
-        [rule(baseline=0.9, hysteresis=0.05, **{"for": 0})], clock=clock, notifiers=[rec]
+        [rule(baseline=0.9, hysteresis=0.05, test="window", **{"for": 0})],
+        clock=clock,
+        notifiers=[rec],
     )
     events = await drive(det, clock, [0.55, 0.65], seconds=120)
     assert [e.status for e in events] == ["firing"]
@@ -233,7 +235,7 @@ async def test_hysteresis_holds_a_firing_alert_until_the_recovery_is_clear() -> 
 
     # Without hysteresis, the same partial recovery resolves at once.
     clock2 = Clock()
-    det2 = detector([rule(baseline=0.9, hysteresis=0, **{"for": 0})], clock=clock2)
+    det2 = detector([rule(baseline=0.9, hysteresis=0, test="window", **{"for": 0})], clock=clock2)
     await drive(det2, clock2, [0.55, 0.65], seconds=120)
     events = await drive(det2, clock2, [0.78, 0.88], seconds=120)
     assert [e.status for e in events] == ["resolved"]
@@ -245,7 +247,7 @@ async def test_a_metric_hovering_around_the_threshold_flaps_only_without_hystere
 ) -> None:
     clock = Clock()
     det = detector(
-        [rule(baseline=0.9, hysteresis=hysteresis, test_margin=False, **{"for": 0})],
+        [rule(baseline=0.9, hysteresis=hysteresis, test_margin=False, test="window", **{"for": 0})],
         clock=clock,
     )
     events = []
@@ -280,7 +282,8 @@ async def test_relative_drop_is_a_fraction_of_the_baseline() -> None:
 # --------------------------------------------------------------- windows and keys
 async def test_trailing_baseline_excludes_the_current_window() -> None:
     clock = Clock()
-    det = detector([rule()], clock=clock)
+    # drop 0.45: the bad minute (a 0.4 dip) never alerts, so the baseline learns it.
+    det = detector([rule(drop=0.45)], clock=clock)
     # very old data, outside window + baseline: must not count
     await drive(det, clock, [0.05, 0.15], seconds=300)
     await drive(det, clock, GOOD, seconds=900)  # 1800 good scores, 1200 within the baseline
@@ -429,7 +432,8 @@ async def test_notifications_resends_failures_and_telemetry() -> None:
     broken.fail = False
     broken.resend_interval = 30
     await drive(det, clock, BAD, seconds=10)
-    assert len(broken.events) == 1  # never delivered, so re-sent at the next evaluation
+    # The transition it never got, then (it now re-sends) the current figures.
+    assert [e.repeat for e in broken.events] == [False, True]
 
     events = await drive(det, clock, GOOD, seconds=120)
     assert [e.status for e in events] == ["resolved"]
@@ -447,7 +451,8 @@ async def test_notifications_resends_failures_and_telemetry() -> None:
 async def test_run_evaluates_periodically_until_cancelled() -> None:
     clock = Clock()
     rec = RecordingNotifier()
-    det = detector([rule(baseline=0.9, **{"for": 0})], clock=clock, notifiers=[rec])
+    # The window test: the clock stands still here, so no step of the sequential test ends.
+    det = detector([rule(baseline=0.9, test="window", **{"for": 0})], clock=clock, notifiers=[rec])
     for i in range(40):
         det.observe("shop", "contextual_recall", 0.4 + (i % 2) / 10, f"t{i}")
     task = asyncio.create_task(det.run(interval=0.01))

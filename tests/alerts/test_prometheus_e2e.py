@@ -33,6 +33,7 @@ from ragtrace_collector.alerts.promrules import (
 )
 from ragtrace_collector.component.telemetry import CONTENT_TYPE_LATEST, Telemetry
 from ragtrace_collector.segments import prometheus_label
+from tests.alerts.dashboard import load_dashboard, offered_labels
 from tests.fakes.services import (
     async_alertmanager,
     async_prometheus,
@@ -142,6 +143,17 @@ async def _run_scenario(prom: str, am: str, traffic: Traffic) -> None:
     )
     assert _prom_alerts(prom, "RagtraceRecallDrop") == []  # not even pending
     assert _am_alerts(am, "RagtraceRecallDrop") == []
+    # The dashboard's "Split scores by" asks this Prometheus for label_names of the
+    # score series (Grafana's /api/v1/labels with match[]): it offers the segment
+    # labels, and not service, metric, job or instance.
+    names = get_json(
+        f"{prom}/api/v1/labels?" + urllib.parse.urlencode({"match[]": "ragtrace_eval_score_count"})
+    )["data"]
+    assert {"job", "instance", "__name__"} <= set(names)
+    split = {v["name"]: v for v in load_dashboard()["templating"]["list"]}["split"]
+    assert offered_labels(split, set(names)) == sorted(
+        prometheus_label(k) for k in SHIPPED_SEGMENTS
+    )
 
     # 2. Recall of index v2 degrades: Prometheus fires, Alertmanager has the alert.
     traffic.recall_mean = 0.5

@@ -145,3 +145,43 @@ def test_the_segments_option_renders_valid_rules(tmp_path: Path) -> None:
     none = tmp_path / "none.rules.yml"
     assert _main(["--segments", "", "-o", str(none)]) == 0
     assert "sum by (service, metric) (" in none.read_text(encoding="utf-8")
+
+
+def _one_case(tmp_path: Path, name: str, rules_text: str) -> Path:
+    """``tmp_path/tests/<file>`` with only the named case of the shipped promtool tests,
+    against ``rules_text`` as ``../rules/ragtrace.rules.yml``."""
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "rules" / RULES.name).write_text(rules_text, encoding="utf-8")
+    doc = yaml.safe_load(RULE_TESTS.read_text(encoding="utf-8"))
+    doc["tests"] = [case for case in doc["tests"] if case["name"] == name]
+    assert doc["tests"], f"no promtool test case named {name!r} in {RULE_TESTS}"
+    out = tmp_path / "tests" / RULE_TESTS.name
+    out.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return out
+
+
+RESOLVE_CASE = "a fixed drop and a rollback both resolve within a window"
+
+
+def test_a_fixed_drop_and_a_rollback_resolve(tmp_path: Path) -> None:
+    """The shipped rules: a drop fires, and both a fix (the mean is back) and a rollback
+    (the series stops growing) resolve it within one window."""
+    case = _one_case(tmp_path, RESOLVE_CASE, RULES.read_text(encoding="utf-8"))
+    result = _tool("promtool", "test", "rules", case)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_resolve_case_catches_an_alert_that_stays_firing(tmp_path: Path) -> None:
+    """Not vacuous: the same rules made to keep firing for 30 minutes after their
+    condition clears fail the case, at the resolve check (minute 1560)."""
+    doc = yaml.safe_load(render_rules(SHIPPED_ALERTS))
+    for rule in doc["groups"][0]["rules"]:
+        if "alert" in rule:
+            rule["keep_firing_for"] = "30m"
+    case = _one_case(tmp_path, RESOLVE_CASE, yaml.safe_dump(doc, sort_keys=False))
+    result = _tool("promtool", "test", "rules", case)
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert "time: 1d2h," in out, out  # 1560m: the resolve check, not the firing one
+    assert "1d1h45m" not in out, out

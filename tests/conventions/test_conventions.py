@@ -20,7 +20,7 @@ from ragtrace_collector.conventions import (
     openinference,
     openllmetry,
 )
-from ragtrace_collector.conventions.base import Role, documents_from_attributes
+from ragtrace_collector.conventions.base import Role, Unread, documents_from_attributes
 from ragtrace_collector.conventions.text import question_text, reduce_answer, reduce_question
 from ragtrace_collector.evaluation.case_builder import (
     CaseRules,
@@ -606,7 +606,8 @@ def test_cases_config_errors_name_the_key() -> None:
             "Q",
         ),
         ("[not json", "[not json"),
-        (json.dumps({"unknown": 1, "other": 2}), json.dumps({"unknown": 1, "other": 2})),
+        # JSON with no question in it is no question (never the JSON itself).
+        (json.dumps({"unknown": 1, "other": 2}), None),
         # Haystack 2 pipeline input: a component map; "question" beats "query".
         (json.dumps({"data": {"retriever": {"query": "R"}, "prompt_builder": {"question": "Q"}}}),
          "Q"),
@@ -622,7 +623,7 @@ def test_cases_config_errors_name_the_key() -> None:
          "Q"),
     ],
 )  # fmt: skip
-def test_reduce_question(value: str, expected: str) -> None:
+def test_reduce_question(value: str, expected: str | None) -> None:
     assert reduce_question(value) == expected
 
 
@@ -665,8 +666,10 @@ def test_a_json_question_without_text_is_no_question() -> None:
     assert question_text("[not json") == "[not json"
     assert question_text(json.dumps({"question": "Q"})) == "Q"
     attrs = {semconv.INPUT_VALUE: unknown, semconv.INPUT_MIME_TYPE: "application/json"}
-    assert openinference.question(attrs) is None
-    assert openllmetry.question({semconv.TRACELOOP_ENTITY_INPUT: unknown}) is None
+    # The conventions say what they found instead (the skip reason of the metrics).
+    found = Unread("a JSON object with keys unknown, other")
+    assert openinference.question(attrs) == found
+    assert openllmetry.question({semconv.TRACELOOP_ENTITY_INPUT: unknown}) == found
 
 
 def test_a_question_that_does_not_reduce_gives_way_to_the_retriever_query() -> None:
@@ -695,9 +698,9 @@ def test_reduction_is_bounded_on_deep_json() -> None:
     deep: Any = "bottom"
     for _ in range(200):
         deep = {"input": deep}
-    # Deeper than the bound: nothing reduces, the value is kept as it was.
+    # Deeper than the bound: nothing reduces, and the JSON is not taken for the question.
     text = json.dumps(deep)
-    assert reduce_question(text) == text
+    assert reduce_question(text) is None
 
 
 # ------------------------------------------------------------------ prefilter

@@ -112,9 +112,12 @@ def _run(
     *,
     crash_when: Any,
     delay: float = 0.0,
+    answered: int = ANSWERED,
+    restart_sections: dict[str, Any] | None = None,
 ) -> tuple[list[str], ScriptedJudge, ScriptedJudge]:
-    """Send the traces, crash once ``crash_when(judge)`` holds, restart, and return
-    (questions, first run's judge, second run's judge)."""
+    """Send the traces, crash once ``crash_when(judge)`` holds, restart (with
+    ``restart_sections`` instead of ``sections`` if given), and return (questions, first
+    run's judge, second run's judge)."""
     questions = _questions(TRACES, "crash")
     wal = tmp_path / "wal"
     config = serve_config(
@@ -124,7 +127,7 @@ def _run(
         **sections,
     )
     env = {JUDGE_KEY_ENV: "sk-e2e-dummy", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    first = ScriptedJudge(held=set(range(ANSWERED, TRACES)), delay=delay)
+    first = ScriptedJudge(held=set(range(answered, TRACES)), delay=delay)
     judge_server.handler = first
     (tmp_path / "run1").mkdir()
     (tmp_path / "run2").mkdir()
@@ -139,6 +142,13 @@ def _run(
         serve.kill()
     second = ScriptedJudge(held=set())
     judge_server.handler = second
+    if restart_sections is not None:
+        config = serve_config(
+            sink,
+            judge=llm_judge(judge_server),
+            storage={"directory": str(wal)},
+            **restart_sections,
+        )
     restarted = Serve(config, tmp_path / "run2", env=env)
     try:
         wait_for(
@@ -240,6 +250,42 @@ def test_kill_9_with_late_results_owed_delivers_every_score_once_computed(
     # The fast metric was on every trace from the first run and is never lost.
     for span in rag_spans(sink.spans):
         assert flat(span, "id_context_recall", semconv.EVAL_FIELD_SCORE) is not None
+
+
+def test_kill_9_after_the_traces_went_out_delivers_late_results_computed_at_replay(
+    sink: OtlpSink, judge_server: JudgeServer, tmp_path: Path
+) -> None:
+    """``late_results: carrier`` with every judge call held: the traces go out at
+    ``trace_timeout`` and the crash comes before any late result.  At the restart the
+    judge answers within ``trace_timeout`` (made long), but the backend already has
+    the replayed traces (delivery marks): the results must follow on carriers, not on
+    the spans it will not get again (issue 27, defect 2).  Only the LLM metric: no
+    result of these traces is in the log before the crash."""
+    evaluation = {"workers": TRACES, "metric_timeout": 120, "late_results": "carrier"}
+    sections: dict[str, Any] = {
+        "metrics": {LLM_METRIC: {}},
+        "evaluation": {**evaluation, "trace_timeout": 0.5},
+    }
+    restart = {**sections, "evaluation": {**evaluation, "trace_timeout": 60}}
+
+    def crash_when(judge: ScriptedJudge) -> bool:
+        # Every judge call is held (at most judge.concurrency of them in flight).
+        return len(rag_spans(sink.spans)) >= TRACES and bool(judge.seen)
+
+    questions, first, second = _run(
+        tmp_path,
+        sink,
+        judge_server,
+        sections,
+        crash_when=crash_when,
+        answered=0,
+        restart_sections=restart,
+    )
+    figure = _figures("late_results_all_held", questions, sink, first, second)
+    assert figure["delivered_traces"] == TRACES
+    assert figure["scores_delivered"] == TRACES
+    assert set(second.seen) == set(range(TRACES))
+    assert len(_carriers(sink.spans)) >= TRACES
 
 
 # ------------------------------------------------------------------ Phoenix

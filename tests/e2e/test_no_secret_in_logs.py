@@ -97,6 +97,9 @@ def _config(dead: dict[str, int]) -> dict[str, Any]:
                     "drop": 0.2,
                     "min_samples": 6,
                     "for": 0,
+                    # The window test fires on these few results (the sequential
+                    # default needs more evidence): the notifiers must be exercised.
+                    "test": "window",
                     "test_margin": False,
                     "confidence": 0.9,
                 }

@@ -260,19 +260,37 @@ async def test_metric_timeout_records_error_timeout() -> None:
     await ev.drain()
 
 
-async def test_trace_timeout_with_late_results_on_carrier_span() -> None:
-    class _SlowJudge(_HangingJudge):
-        async def ask(self, task: JudgeTask[Any]) -> JudgeAnswer[Any]:
-            await asyncio.sleep(0.6)
-            return await OfflineJudge().ask(task)
+class _SlowJudge(_HangingJudge):
+    """Answers (as the offline judge), but only after ``delay`` seconds."""
 
-    ev = _evaluator(
-        metrics={"contextual_relevancy": MetricOptions(), "id_context_recall": MetricOptions()},
-        judge=_SlowJudge(),
+    def __init__(self, delay: float = 0.6) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def ask(self, task: JudgeTask[Any]) -> JudgeAnswer[Any]:
+        self.started += 1
+        await asyncio.sleep(self.delay)
+        return await OfflineJudge().ask(task)
+
+
+#: A fast metric and an LLM-judge one.
+_FAST_AND_JUDGED = {"contextual_relevancy": MetricOptions(), "id_context_recall": MetricOptions()}
+
+
+def _late_evaluator(judge: Any, **config: Any) -> OnlineEvaluator:
+    """``late_results: carrier`` with ``trace_timeout`` shorter than ``judge``'s delay."""
+    return _evaluator(
+        metrics=_FAST_AND_JUDGED,
+        judge=judge,
         metric_timeout=10.0,
         trace_timeout=0.2,
         late_results="carrier",
+        **config,
     )
+
+
+async def test_trace_timeout_with_late_results_on_carrier_span() -> None:
+    ev = _late_evaluator(_SlowJudge())
     ev.start()
     fwd = _Forwarded()
     trace = _trace(retrieved=["a"], reference=["a"], contents={"a": "Reset your password."})
@@ -290,6 +308,35 @@ async def test_trace_timeout_with_late_results_on_carrier_span() -> None:
     assert carrier.trace_id == trace.trace_id
     rag = next(s for s, _ in first.spans() if s.name == "rag")
     assert carrier.links[0].span_id == rag.span_id
+    await ev.drain()
+
+
+async def test_attach_carrier_with_late_results_sends_a_late_carrier() -> None:
+    """``attach: carrier`` and ``late_results: carrier``: what is done by
+    ``trace_timeout`` goes on one carrier, the judge's late result on another (not
+    cut off as a timeout)."""
+
+    class _SlowJudge(_HangingJudge):
+        async def ask(self, task: JudgeTask[Any]) -> JudgeAnswer[Any]:
+            await asyncio.sleep(0.6)
+            return await OfflineJudge().ask(task)
+
+    ev = _late_evaluator(_SlowJudge(), enrichment=EnrichmentConfig(attach="carrier"))
+    ev.start()
+    fwd = _Forwarded()
+    trace = _trace(retrieved=["a"], reference=["a"], contents={"a": "Reset your password."})
+    ev.submit(trace, fwd)
+    await fwd.wait_for(3)
+    first, on_time, late = fwd.traces
+    assert first is trace
+    [(carrier, _)] = list(on_time.spans())
+    attrs = attributes_to_dict(carrier.attributes)
+    assert attrs["ragtrace.eval.id_context_recall.score"] == 1.0
+    assert not any(k.startswith("ragtrace.eval.contextual_relevancy.") for k in attrs)
+    [(carrier, _)] = list(late.spans())
+    attrs = attributes_to_dict(carrier.attributes)
+    assert "ragtrace.eval.contextual_relevancy.score" in attrs
+    assert "ragtrace.eval.contextual_relevancy.error" not in attrs
     await ev.drain()
 
 

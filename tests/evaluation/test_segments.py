@@ -285,3 +285,122 @@ async def test_scores_carry_segment_labels_and_the_span_gets_the_missing_values(
     (status,) = [s for s in stage.detector.status() if s.segments == {"app.index_version": "v2"}]
     assert status.window_count == 1
     assert status.service == "shop"
+
+
+# ------------------------------------------------- values that come and go (issue 28)
+class _FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_new_release_gets_its_label_within_seconds_of_the_old_one_going_quiet() -> None:
+    """Two versions kept (max_values 2) at 20 cases/s each for ten minutes; then v1 is
+    replaced by v3.  v3 is counted as ``other`` (on the stable side of a rollout gate)
+    only for seconds, not until a rebalance 1,000 cases later that it would then lose
+    to v1's accumulated count."""
+    clock = _FakeClock()
+    segments = Segments([SegmentKey(key="service.version", max_values=2)], clock=clock)
+
+    def label(version: str) -> str:
+        return segments.labels(segments.read({"service.version": version}, None))[0]
+
+    for _ in range(600 * 20):
+        clock.t += 0.025
+        label("v1")
+        clock.t += 0.025
+        label("v2")
+    started = clock.t
+    first_own: float | None = None
+    for _ in range(60 * 20):
+        clock.t += 0.025
+        if label("v3") == "v3" and first_own is None:
+            first_own = clock.t
+        clock.t += 0.025
+        assert label("v2") == "v2"
+    assert first_own is not None
+    assert first_own - started <= 20.0  # idle 10s, then the next 5s rebalance
+    assert sorted(segments.kept("service.version")) == ["v2", "v3"]
+
+
+def test_series_stay_within_the_bound_under_drifting_values() -> None:
+    """200,000 cases whose values drift (a new popular value every 2,000 cases, and a
+    long tail), max_values 5, fed to the score metrics as the evaluator does: at every
+    moment the series on /metrics carry at most the 5 kept values, ``other`` and
+    ``unset``, and never a value that lost its place.  Before issue 28 the case that
+    triggered a rebalance re-created the series of the value it evicted, for good."""
+    import random
+
+    clock = _FakeClock()
+    rng = random.Random(3)
+    book = ResultBook(registry=CollectorRegistry())
+    segments = Segments([SegmentKey(key="k", max_values=5)], clock=clock)
+    book.set_segment_labels(segments.labels_names)
+    segments.add_evict_listener(book.forget)
+    for i in range(200_000):
+        clock.t += 0.001
+        epoch = i // 2000
+        u = rng.random()
+        if u < 0.05:
+            raw: str | None = None
+        elif u < 0.6:
+            raw = f"hot{epoch - rng.randrange(3)}"
+        else:
+            raw = f"tail{rng.randrange(400)}"
+        labels = segments.labels(segments.read({"k": raw} if raw else {}, None))
+        book.record("shop", "recall", "passed", 0.8, labels)
+        if i % 997 == 0:
+            values = {key[2][0] for key in book._scores}
+            kept = set(segments.kept("k"))
+            assert values <= kept | {OTHER, UNSET}, (i, values - kept)
+            assert len(values) <= 5 + 2
+    assert len({key[2][0] for key in book._scores}) <= 7
+
+
+def test_overflow_and_evictions_are_counted_and_logged_once_per_value() -> None:
+    from structlog.testing import capture_logs
+
+    clock = _FakeClock()
+    telemetry = Telemetry()
+    segments = Segments(
+        [SegmentKey(key="app.index_version", max_values=1)], telemetry=telemetry, clock=clock
+    )
+
+    def label(value: str) -> str:
+        return segments.labels(segments.read({"app.index_version": value}, None))[0]
+
+    get = telemetry.registry.get_sample_value
+    with capture_logs() as logs:
+        assert label("v1") == "v1"
+        assert [label("v2") for _ in range(3)] == [OTHER] * 3
+        clock.t += 30.0  # v1 idle: v2 takes its place at the next case
+        assert label("v2") == "v2"
+        assert label("v1") == OTHER
+        assert label("v1") == OTHER
+    overflow = get("ragtrace_segment_overflow_total", {"key": "app.index_version"})
+    assert overflow == 5
+    assert get("ragtrace_segment_evictions_total", {"key": "app.index_version"}) == 1
+    events = [(e["event"], e.get("value")) for e in logs if e["event"].startswith("segment_")]
+    assert events == [
+        ("segment_value_overflow", "v2"),
+        ("segment_value_evicted", "v1"),
+        ("segment_value_overflow", "v1"),
+    ]
+
+
+def test_a_long_tail_of_values_does_not_flood_the_log() -> None:
+    from structlog.testing import capture_logs
+
+    clock = _FakeClock()
+    telemetry = Telemetry()
+    segments = Segments([SegmentKey(key="user", max_values=2)], telemetry=telemetry, clock=clock)
+    with capture_logs() as logs:
+        for i in range(1000):
+            clock.t += 0.01  # 10 s in all
+            segments.labels(segments.read({"user": f"u{i}"}, None))
+    lines = [e for e in logs if e["event"] == "segment_value_overflow"]
+    assert len(lines) == 10
+    get = telemetry.registry.get_sample_value
+    assert get("ragtrace_segment_overflow_total", {"key": "user"}) == 998

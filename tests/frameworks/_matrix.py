@@ -26,10 +26,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -47,7 +47,10 @@ from tests.e2e._instrumented import (
 from tests.e2e._support import Serve, assert_scored, flat
 from tests.fakes.otlp_sink import OtlpSink, ReceivedSpan
 
+T = TypeVar("T")
+
 __all__ = [
+    "ANSWER_METRICS",
     "CASE_METRICS",
     "KB",
     "QUESTIONS",
@@ -55,7 +58,9 @@ __all__ = [
     "TOP_2",
     "TURN_METRICS",
     "Retrieved",
+    "assert_answer_metrics_scored",
     "assert_conversation_scored",
+    "assert_generation_scored",
     "assert_ids_scored",
     "assert_ids_skipped",
     "assert_text_metrics_scored",
@@ -92,6 +97,9 @@ EXPECTED_RECALL = 1.0
 EXPECTED_PRECISION = 0.5
 ID_METRICS = ("id_context_recall", "id_context_precision")
 TEXT_METRICS = tuple(m for m in CASE_METRICS if m not in ID_METRICS)
+#: The generation metrics of the cells that check the answer read (against the same
+#: metrics offline on the app's true question and answer).
+ANSWER_METRICS = ("faithfulness", "answer_relevancy")
 #: The turn metric of the conversation cells.
 TURN_METRICS = ("turn_contextual_relevancy",)
 
@@ -170,6 +178,20 @@ def wait_scored(sink: OtlpSink, count: int, timeout: float = 60.0) -> list[Recei
     return sink.spans
 
 
+def converse(
+    sink: OtlpSink, ask: Callable[[str], T], flush: Callable[[], object] | None = None
+) -> list[tuple[str, T]]:
+    """Ask every question of :data:`QUESTIONS` in turn, as a user waits for each answer
+    (flushed, then scored) before the next; the (question, answer) turns."""
+    turns = []
+    for n, question in enumerate(QUESTIONS, 1):
+        turns.append((question, ask(question)))
+        if flush is not None:
+            flush()
+        wait_scored(sink, n)
+    return turns
+
+
 def assert_ids_scored(
     span: ReceivedSpan,
     recall: float = EXPECTED_RECALL,
@@ -229,6 +251,42 @@ def assert_text_metrics_scored(span: ReceivedSpan, question: str, got: Retrieved
     )
     for name, score in offline_scores(case, TEXT_METRICS).items():
         assert_scored(span, name, score)
+
+
+def assert_answer_metrics_scored(
+    span: ReceivedSpan,
+    question: str | None,
+    answer: str,
+    texts: list[str],
+    names: tuple[str, ...] = ANSWER_METRICS,
+) -> None:
+    """The generation metrics ``names`` scored on ``span`` as offline on the app's true
+    question (None: it had none to read) and answer.  With ``MATRIX_REPORT`` set, the
+    pairs are appended there too."""
+    case = RAGCase(
+        input=question,
+        actual_output=answer,
+        retrieval_context=[ContextItem(content=t) for t in texts],
+    )
+    expected = offline_scores(case, names)
+    path = os.environ.get("MATRIX_REPORT")
+    if path:
+        line: dict[str, Any] = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]}
+        for name, score in expected.items():
+            line[name] = {"offline": score, "online": flat(span, name, semconv.EVAL_FIELD_SCORE)}
+        with open(path, "a") as out:
+            out.write(json.dumps(line) + "\n")
+    for name, score in expected.items():
+        assert_scored(span, name, score)
+
+
+def assert_generation_scored(span: ReceivedSpan, question: str, got: Retrieved) -> None:
+    """The span says it judged the app's own question and answer
+    (``ragtrace.eval.input`` / ``.output``), and the generation metrics score as they
+    score offline on that true text and the documents the app retrieved."""
+    assert span.attributes.get(semconv.EVAL_INPUT) == question
+    assert span.attributes.get(semconv.EVAL_OUTPUT) == got.answer
+    assert_answer_metrics_scored(span, question, got.answer, got.texts)
 
 
 def assert_conversation_scored(

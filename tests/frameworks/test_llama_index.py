@@ -171,7 +171,7 @@ def test_openinference_document_ids_not_recorded(
     what was compared and what to do (an id in the metadata, or cases.document_id)."""
     root, got, node_ids = _run(sink, tmp_path, openinference, "documents", "li-oi-uuids")
     assert not set(node_ids) & set(KB)
-    assert_ids_skipped(root, "are ids the framework generated")
+    assert_ids_skipped(root, "ids the framework generated")
     reason = root.attributes[semconv.eval_attr("id_context_recall", semconv.EVAL_FIELD_REASON)]
     assert node_ids[0] in reason
     assert "cases.document_id" in reason

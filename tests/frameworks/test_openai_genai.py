@@ -30,6 +30,7 @@ from tests.frameworks._matrix import (
     assert_conversation_scored,
     assert_ids_scored,
     assert_text_metrics_scored,
+    converse,
     matrix_collector,
     provider,
     rank,
@@ -141,16 +142,12 @@ def test_genai_conversation(
 ) -> None:
     """``gen_ai.conversation.id`` on the agent span, no turn index: three turns."""
     conversation = f"conv-{uuid.uuid4().hex[:8]}"
-    turns: list[tuple[str, Retrieved]] = []
     metrics: dict[str, dict[str, Any]] = {name: {} for name in (*TURN_METRICS, "id_context_recall")}
     with matrix_collector(sink, tmp_path, metrics) as serve:
         tp = provider(serve, "openai-genai-chat")
         openai_v2.instrument(tracer_provider=tp)
         app = _App(tp, llm_server)
-        for n, question in enumerate(QUESTIONS, 1):
-            turns.append((question, app.ask(question, conversation)))
-            tp.force_flush()
-            wait_scored(sink, n)
+        turns = converse(sink, lambda q: app.ask(q, conversation), tp.force_flush)
         tp.shutdown()
         roots = tops(sink.spans)
     assert [r.attributes[semconv.GEN_AI_CONVERSATION_ID] for r in roots] == [conversation] * 3

@@ -151,7 +151,9 @@ def test_most_common_skip_reason_is_named() -> None:
 def test_cli_gate_fails_on_a_metric_that_scored_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rows = [{k: v for k, v in r.items() if k != "reference_context_ids"} for r in ROWS]
+    # Empty reference id lists: the field is there, no row can be scored.  (A field no
+    # row has at all is a usage error: tests/offline/test_eval_nothing_scored.py.)
+    rows = [{**r, "reference_context_ids": []} for r in ROWS]
     data = str(_jsonl(tmp_path, rows))
     code, out, err = _eval(capsys, data, "--metrics", IDS, "--fail-under", "0.1", "--json")
     assert code == 3, err

@@ -56,8 +56,9 @@ async def _write(storage: Storage, count: int, *, kind: int = KIND_REQUEST) -> l
     return seqs
 
 
-async def _replay(storage: Storage) -> dict[int, int]:
-    """Replay the way the pipeline does (requests hold one group); seq -> kind."""
+async def _replay(storage: Storage, *, to_forward: bool = False) -> dict[int, int]:
+    """Replay the way the pipeline does (requests hold one group, and with
+    ``to_forward`` wait for the processor as the pipeline's do); seq -> kind."""
     kinds: dict[int, int] = {}
     async for chunk in storage.replay():
         for record in chunk:
@@ -69,7 +70,7 @@ async def _replay(storage: Storage) -> dict[int, int]:
                 sources, _ = decode_output(record.payload)
                 storage.hold_replayed(record.seq, 0, sources)
             else:
-                storage.hold_replayed(record.seq, 1)
+                storage.hold_replayed(record.seq, 1, to_forward=to_forward)
     return kinds
 
 
@@ -160,6 +161,79 @@ async def test_an_output_record_is_replayed_with_its_sources(tmp_path: Path) -> 
             again.hold_replayed(record.seq, 1 if record.kind == KIND_REQUEST else 0)
     outputs = [r for r in records if r.kind == KIND_OUTPUT]
     assert [decode_output(r.payload) for r in outputs] == [([seq], b"request")]
+    await again.close()
+
+
+async def test_a_replayed_entry_every_exporter_had_waits_for_the_processor(
+    tmp_path: Path,
+) -> None:
+    """Pins are not logged.  An entry pinned for a result still to come, delivered by
+    every exporter (each left a delivery mark), then a clean stop: at the next start
+    the marks alone would settle it before the processor takes its hold again, and the
+    checkpoint would pass it, losing the result for good.  It waits for the processor
+    to forward it (the model's sequence ``found1`` in test_model.py)."""
+    storage = await _open(tmp_path, ["a", "b"])
+    (seq,) = await _write(storage, 1)
+    storage.pin([seq])
+    storage.settle([_group(seq)], 0)
+    storage.settle([_group(seq)], 1)
+    await storage.close()
+
+    again = await _open(tmp_path, ["a", "b"])
+    await _replay(again, to_forward=True)
+    assert again.delivered == {seq: {0, 1}}
+    assert again.unsettled_entries == 1, "held until the processor has forwarded it"
+    assert again.pin([seq]) == [seq], "the evaluator's hold, taken before it forwards"
+    again.forwarded([_group(seq)])
+    assert again.unsettled_entries == 1, "held by the hold: the result is still to come"
+    assert again.delivered == {}, "its marks are read no more"
+    await again.close()  # before the result is logged
+
+    third = await _open(tmp_path, ["a", "b"])
+    kinds = await _replay(third, to_forward=True)
+    assert kinds.get(seq) == KIND_REQUEST, "replayed again: its result is still owed"
+    third.forwarded([_group(seq)])  # forwarded with no hold: nothing more is owed
+    assert third.unsettled_entries == 0
+    await third.close()
+
+
+async def test_replayed_marks_are_dropped_once_read_for_the_last_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``delivered`` and ``settled`` are filled by replay only: a request's marks go
+    once the processor has forwarded (or the pipeline dropped) each of its groups, the
+    marks of other records (a carrier here) once replay is over."""
+    monkeypatch.setattr(service, "_HELD_BACK", -1.0)  # "settled" marks at once
+    storage = await _open(tmp_path, ["a", "b"])
+    first, second = await _write(storage, 2)
+    out: list[int] = []
+
+    def one_group(seq: int) -> int:
+        out.append(seq)
+        return 1
+
+    await storage.append(
+        encode_output([], b"carrier"), tag=one_group, admit=lambda: None, kind=KIND_OUTPUT
+    )
+    (carrier,) = out
+    storage.settle([_group(second)], 0)
+    storage.settle([_group(second)], 1)  # settled above the held first: a "settled" mark
+    storage.settle([_group(first)], 0)
+    storage.settle([_group(carrier)], 0)
+    await storage.close()
+
+    again = await _open(tmp_path, ["a", "b"])
+    await _replay(again, to_forward=True)
+    assert again.settled == {second}
+    assert again.delivered == {first: {0}, second: {0, 1}, carrier: {0}}
+    await asyncio.sleep(0)  # the next loop round: the carrier's marks were fanned out
+    assert again.delivered == {first: {0}, second: {0, 1}}
+    again.forwarded([_group(second)])  # dropped by the pipeline: settled before
+    assert again.settled == set()
+    assert again.delivered == {first: {0}}
+    again.forwarded([_group(first)])
+    assert again.delivered == {}
+    assert again.unsettled_entries == 1, "exporter b still owes the first"
     await again.close()
 
 

@@ -40,8 +40,8 @@ from tests.fakes.harness import (
 from tests.fakes.otlp_sink import OtlpSink
 
 _HEAD = struct.Struct("<4sBBHIQI")  # marker, kind, flags, reserved, length, seq, crc (wal.py)
-_HEADER_SIZE = _HEAD.size + 4  # and the header's own CRC
-_MAGIC_LEN = 8
+_HEADER_SIZE = _HEAD.size + 8  # and the header's keyed tag
+_MAGIC_LEN = 8 + 2 * (16 + 4)  # the segment header: magic, key and CRC twice
 
 
 def record_spans(data: bytes) -> list[tuple[int, int, bytes]]:
@@ -577,3 +577,70 @@ def test_a_full_disk_refuses_with_readiness_and_recovers_without_restart(
         list(reopened.records(segment))
     assert reopened.skipped_records == 0
     reopened.close()
+
+
+@pytest.mark.parametrize("first", ["http", "grpc"])
+def test_refusals_for_a_failing_disk_name_no_path_and_no_os_error(
+    sink: OtlpSink, tmp_path: Path, capsys: pytest.CaptureFixture[str], first: str
+) -> None:
+    """The disk fails (short write, then ENOSPC).  The request whose write fails and
+    the requests refused after it, over OTLP/HTTP and OTLP/gRPC, are answered with a
+    plain message: no directory, no OS error text.  The log line and /readyz (the
+    operator's side) keep the detail.  Before, the answer read ``cannot write the
+    request durably: cannot write to /tmp/.../wal: [Errno 28] No space left on
+    device``."""
+    from tests.storage.test_wal import FailingOps
+
+    wal = tmp_path / "wal"
+    requests = make_requests(2, 5, tag=9)
+    cfg = collector_config(sink=sink, storage={"directory": str(wal)}, **passthrough_sections())
+    ops = FailingOps()
+    answers: list[bytes] = []
+
+    def over_http(host: str, port: int) -> None:
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        for body, _ in requests:
+            conn.request("POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"})
+            resp = conn.getresponse()
+            answers.append(resp.read())
+            assert resp.status == 429
+        conn.close()
+
+    def over_grpc(endpoint: str) -> None:
+        with grpc.insecure_channel(endpoint) as channel:
+            export = channel.unary_unary(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+            )
+            for body, _ in requests:
+                with pytest.raises(grpc.RpcError) as refused:
+                    export(body, timeout=10)
+                error: Any = refused.value
+                assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                answers.append(str(error.details()).encode())
+                answers.extend(
+                    v for _, v in error.trailing_metadata() or () if isinstance(v, bytes)
+                )
+
+    with running_collector(cfg) as collector:
+        storage = collector.svc.storage
+        assert storage is not None
+        storage._wal.file_ops = ops
+        host, port = collector.svc.http_address or ("", 0)
+        ops.failing.set()
+        if first == "http":
+            over_http(host, port)
+            over_grpc(collector.grpc_endpoint)
+        else:
+            over_grpc(collector.grpc_endpoint)
+            over_http(host, port)
+        assert ops.half_writes >= 1  # the first request's write did fail on the disk
+        readyz = http_get(f"{collector.admin_url}/readyz")[1]
+        ops.failing.clear()
+
+    assert len(answers) >= 4
+    for answer in answers:
+        for secret in (str(tmp_path), "/wal", "Errno", "No space left"):
+            assert secret.encode() not in answer, (secret, answer)
+    assert all(b"write-ahead log" in a for a in answers if b"retry" in a)
+    assert b"No space left on device" in readyz  # the operator still sees the detail
+    assert "[Errno 28] No space left on device" in capsys.readouterr().out

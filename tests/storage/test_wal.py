@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import os
 import struct
 import threading
@@ -41,8 +42,8 @@ from ragtrace_collector.storage.wal import (
 )
 
 _HEAD = struct.Struct("<4sBBHIQI")  # the documented record header (wal.py docstring)
-_HEADER_SIZE = _HEAD.size + 4
-_MAGIC_LEN = 8
+_HEADER_SIZE = _HEAD.size + 8  # and its keyed tag
+_MAGIC_LEN = 8 + 2 * (16 + 4)  # the segment header: magic, key and CRC twice
 _SEGMENT = 64 * 1024
 
 
@@ -148,9 +149,13 @@ def test_a_complete_damaged_last_record_is_corrupt_not_torn(tmp_path: Path, shif
     assert newest.stat().st_size == size
 
 
-def test_segments_of_the_previous_format_are_still_read(tmp_path: Path) -> None:
-    """RTWAL01 segments (16-byte headers, no marker): read, never appended to; a bad
-    record there is counted.  New records go to a new segment in the current format."""
+def test_segments_of_the_previous_formats_are_still_read(tmp_path: Path) -> None:
+    """RTWAL01 segments (16-byte headers, no marker) and RTWAL02 segments (28-byte
+    headers checked by a plain CRC32): read, never appended to.  A bad record there is
+    counted and ends the reading of its segment: an RTWAL02 reader does not
+    resynchronise, since a client can build a record that passes a plain CRC (the
+    forged mark inside record 10 is not read).  New records go to a new segment in the
+    current format."""
     v1 = struct.Struct("<IIQ")
 
     def record(seq: int, payload: bytes) -> bytes:
@@ -162,18 +167,30 @@ def test_segments_of_the_previous_format_are_still_read(tmp_path: Path) -> None:
     bad = bytearray(b"RTWAL01\n" + record(6, b"x" * 300) + record(7, b"y" * 300))
     bad[8 + v1.size + 10] ^= 0xFF
     (tmp_path / f"{6:020d}.wal").write_bytes(bytes(bad))
+    from ragtrace_collector.storage.outputs import KIND_DELIVERED, SETTLED_MARK, encode_marks
+
+    forged = _record_image(20, KIND_DELIVERED, encode_marks({SETTLED_MARK: [1, 2, 3]}))
+    v2 = [_record_image(8, KIND_REQUEST, b"v2 8"), _record_image(9, KIND_REQUEST, b"v2 9")]
+    v2.append(_record_image(10, KIND_REQUEST, b"pad" + forged + b"pad"))
+    v2.append(_record_image(11, KIND_REQUEST, b"v2 11"))
+    v2_bytes = bytearray(b"RTWAL02\n" + b"".join(v2))
+    v2_bytes[8 + len(v2[0]) + len(v2[1]) + 8] ^= 0xFF  # record 10's length field
+    (tmp_path / f"{8:020d}.wal").write_bytes(bytes(v2_bytes))
 
     log = WriteAheadLog(tmp_path, segment_size=_SEGMENT, fsync="never")
     log.open()
-    assert log.next_seq == 6
+    assert log.next_seq == 10  # after the last record read in the newest segment
     old = [(r.seq, r.payload) for seg in list(log.segments) for r in log.records(seg)]
-    log.append([(8, b"new", KIND_REQUEST)])
+    log.append([(12, b"new", KIND_REQUEST)])
     log.close()
-    assert old == [(seq, b"old %d" % seq * 50) for seq in range(1, 6)]
-    assert log.skipped_records == 1
+    assert old == [(seq, b"old %d" % seq * 50) for seq in range(1, 6)] + [
+        (8, b"v2 8"),
+        (9, b"v2 9"),
+    ]
+    assert log.skipped_records == 2
     newest = wal_files(tmp_path)[-1]
-    assert newest.read_bytes().startswith(b"RTWAL02\n")
-    assert offsets(newest) == {8: _MAGIC_LEN}
+    assert newest.read_bytes().startswith(b"RTWAL03\n")
+    assert offsets(newest) == {12: _MAGIC_LEN}
 
 
 # ------------------------------------------------------------- failed write
@@ -335,7 +352,7 @@ def test_each_request_is_synced_per_policy_before_it_is_acknowledged(
     for ack in acks:
         last_write = max(i for i in range(ack) if events[i][0] == "write")
         assert any(last_write < s < ack for s in syncs), f"ack at {ack} without a sync"
-    record_writes = [i for i, (kind, n) in enumerate(events) if kind == "write" and n > 8]
+    record_writes = [i for i, (kind, n) in enumerate(events) if kind == "write" and n > _MAGIC_LEN]
     if fsync == "always":
         assert len(record_writes) == 50
         for w in record_writes:  # each request's write has its own sync after it
@@ -520,7 +537,8 @@ def test_the_writer_thread_is_supervised(tmp_path: Path) -> None:
     """An unexpected exception in the writer: logged, counted in
     ragtrace_component_failures_total{component="storage"}, status recoverable_error,
     and the writer goes on (the next append is written).  A writer thread that ends
-    anyway puts the storage in permanent_error and refuses."""
+    anyway fails the write it held at once, puts the storage in permanent_error and
+    refuses."""
     config = StorageConfig.model_validate({"directory": str(tmp_path)})
     telemetry = Telemetry()
     host = ComponentHost(telemetry)
@@ -548,11 +566,15 @@ def test_the_writer_thread_is_supervised(tmp_path: Path) -> None:
         await storage.append(b"y" * 100, tag=lambda seq: 0, admit=lambda: None)
         assert storage.status is Status.OK
 
-        def die(seq: int) -> None:
+        # The thread ends in the write of the next append.  (Not in the checkpoint: the
+        # writer may be checkpointing the previous round while the test patches it,
+        # and then died before taking the append, which waited for the append timeout.)
+        def die(records: object) -> None:
             raise SystemExit
 
-        storage._wal.write_checkpoint = die  # type: ignore[method-assign]
-        await storage.append(b"z" * 100, tag=lambda seq: 0, admit=lambda: None)
+        storage._wal.append = die  # type: ignore[assignment, method-assign]
+        with pytest.raises(StorageError, match="writer has stopped"):
+            await storage.append(b"z" * 100, tag=lambda seq: 0, admit=lambda: None)
         await _until(lambda: storage.status is Status.PERMANENT_ERROR)
         refused = storage.refusal()
         assert refused is not None
@@ -590,3 +612,66 @@ def test_skipped_records_are_counted_in_the_metric(tmp_path: Path) -> None:
 
     assert count("corrupt") == 1
     assert count("torn_tail") == 1
+
+
+# ------------------------------------------------------------ forged records
+def _record_image(seq: int, kind: int, payload: bytes, key: bytes | None = None) -> bytes:
+    """A complete record image as a client can build it from the documented layouts:
+    the previous format's (RTWAL02: a CRC32 of the header), or, given a guessed
+    ``key``, the current one's (a BLAKE2b tag of the header keyed with it)."""
+    head = _HEAD.pack(b"\xa7\x5e\xd1\x0c", kind, 0, 0, len(payload), seq, zlib.crc32(payload))
+    if key is None:
+        return head + struct.pack("<I", zlib.crc32(head)) + payload
+    return head + hashlib.blake2b(head, digest_size=8, key=key).digest() + payload
+
+
+@pytest.mark.parametrize("damage", ["header", "torn_tail"])
+def test_client_bytes_never_become_a_record(tmp_path: Path, damage: str) -> None:
+    """A request's payload holds complete record images, valid per the documented
+    layout: a "settled" mark for entries 1-3 (and a request numbered 99).  When the
+    header of that request is damaged, or the request is a torn tail cut short after
+    the images, resynchronisation must not read them as records: entries 1-3 are read
+    as requests, and no mark and no seq 99 appear.  On the format whose records are
+    checked with a plain CRC (RTWAL02), the forged mark was read."""
+    from ragtrace_collector.storage.outputs import KIND_DELIVERED, SETTLED_MARK, encode_marks
+
+    mark = encode_marks({SETTLED_MARK: [1, 2, 3]})
+    forged = b"".join(
+        _record_image(50, KIND_DELIVERED, mark, key)
+        for key in (None, bytes(16), b"ragtrace-wal-key")
+    )
+    forged += _record_image(99, KIND_REQUEST, b"x" * 40)
+    hostile = b"\x00" * 64 + forged + b"\x00" * 64
+    log = WriteAheadLog(tmp_path, segment_size=_SEGMENT, fsync="never")
+    log.open()
+    records = [(seq, b"ok %d" % seq * 30, KIND_REQUEST) for seq in (1, 2, 3)]
+    records.append((4, hostile, KIND_REQUEST))
+    if damage == "header":
+        records.append((5, b"after", KIND_REQUEST))
+    log.append(records)
+    log.close()
+    (path,) = wal_files(tmp_path)
+    data = bytearray(path.read_bytes())
+
+    at = data.rfind(b"\xa7\x5e\xd1\x0c", 0, data.find(hostile))
+    if damage == "header":
+        data[at + 8] ^= 0xFF  # its length field: the header no longer checks
+    else:
+        del data[data.find(hostile) + len(hostile) - 10 :]  # cut after the images
+    path.write_bytes(bytes(data))
+
+    reasons: list[str] = []
+    reader = WriteAheadLog(
+        tmp_path, segment_size=_SEGMENT, fsync="never", on_skipped=reasons.append
+    )
+    reader.open()
+    read = [(r.seq, r.kind) for seg in list(reader.segments) for r in reader.records(seg)]
+    reader.close()
+
+    assert (50, KIND_DELIVERED) not in read
+    assert all(seq != 99 for seq, _ in read)
+    expected = [(1, KIND_REQUEST), (2, KIND_REQUEST), (3, KIND_REQUEST)]
+    if damage == "header":
+        expected.append((5, KIND_REQUEST))
+    assert read == expected
+    assert reasons == ["corrupt" if damage == "header" else "torn_tail"]

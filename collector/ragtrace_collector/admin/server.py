@@ -28,6 +28,11 @@ Both probes answer from the components' reported statuses
 
 Neither probe's reason calls a component healthy unless its status is ``ok``.
 
+``/feedback`` (when feedback is on) is the feedback join's report: the windows and
+bounds, the counts, and per (service, metric, feedback name) series the AUROC with its
+interval, Cohen's kappa at the threshold and the pairs behind them, ranked
+(``docs/feedback.md``).  404 when feedback is off.
+
 The JSON body of both, redacted like the logs, is ``{"status": "ok"|"unavailable",
 "reason": ..., "components": {name: {"status", "last_error", "since_s",
 "timestamp"}}}``.  The probes are answered on the event loop from in-memory state
@@ -52,6 +57,8 @@ __all__ = ["AdminServer", "Probe"]
 Probe = Callable[[], tuple[bool, str]]
 #: Returns every component's status (``ComponentHost.snapshot``).
 Snapshot = Callable[[], dict[str, dict[str, Any]]]
+#: Returns a JSON-able report (``FeedbackStage.report``).
+Report = Callable[[], dict[str, Any]]
 
 
 class AdminServer:
@@ -63,12 +70,14 @@ class AdminServer:
         ready: Probe,
         healthy: Probe,
         components: Snapshot | None = None,
+        feedback: Report | None = None,
     ) -> None:
         self._config = config
         self._telemetry = telemetry
         self._ready = ready
         self._healthy = healthy
         self._components = components
+        self._feedback = feedback
         self._runner: web.AppRunner | None = None
         self.address: tuple[str, int] | None = None
 
@@ -77,6 +86,8 @@ class AdminServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._probe(self._healthy))
         app.router.add_get("/readyz", self._probe(self._ready))
+        if self._feedback is not None:
+            app.router.add_get("/feedback", self._feedback_report)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         host, port = split_host_port(self._config.endpoint)
@@ -100,6 +111,10 @@ class AdminServer:
         return web.Response(
             body=self._telemetry.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
+
+    async def _feedback_report(self, request: web.Request) -> web.Response:
+        assert self._feedback is not None
+        return web.json_response(self._feedback())
 
     def _probe(self, check: Probe) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handler(request: web.Request) -> web.StreamResponse:

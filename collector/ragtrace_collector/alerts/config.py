@@ -13,9 +13,11 @@ Example::
           drop: 0.1                # absolute; "10%" is relative to the baseline
           min_samples: 30          # scored results needed in the window (and baseline)
           for: 5m                  # how long the drop must hold before firing
-          hysteresis: 0.05         # resolve once the drop is below drop - hysteresis
-          confidence: 0.95         # one-sided test (Welch's t, or one-sample t)
-          test_margin: true        # the test asks "is the drop >= drop real?"
+          test: sequential         # evidence builds up; or "window" (one test per evaluation)
+          false_alarm_interval: 30d  # sequential: at most one false page per 30 days
+          hysteresis: 0.05         # window: resolve once the drop is below drop - hysteresis
+          confidence: 0.95         # window: one-sided test (Welch's t, or one-sample t)
+          test_margin: true        # window: the test asks "is the drop >= drop real?"
       webhook:
         url: https://hooks.example.com/ragtrace
       alertmanager:
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -46,6 +48,7 @@ from ragtrace_collector.configbase import check_one_auth_source
 from ragtrace_collector.units import Duration, format_duration, parse_duration
 
 __all__ = [
+    "FEEDBACK_PREFIX",
     "AlertmanagerConfig",
     "AlertsConfig",
     "CanaryRule",
@@ -166,6 +169,22 @@ def _baseline_input(value: Any) -> Any:
     return value
 
 
+#: A rule's ``metric`` that starts with this watches user feedback of the name after
+#: it (``feedback:user_feedback``): each feedback's value (a thumbs-up 1, a thumbs-down
+#: 0), so a rise in negative feedback is a drop in its mean.
+FEEDBACK_PREFIX: Final = "feedback:"
+
+
+def feedback_series(name: str) -> str:
+    """The ``metric`` a rule names to watch the feedback called ``name``."""
+    return FEEDBACK_PREFIX + name
+
+
+def feedback_name(metric: str) -> str | None:
+    """The feedback name a rule's ``metric`` watches, or None for a metric."""
+    return metric[len(FEEDBACK_PREFIX) :] if metric.startswith(FEEDBACK_PREFIX) else None
+
+
 class _Rule(BaseModel):
     """What every rule kind shares: the metric, the window, the drop and the test."""
 
@@ -174,7 +193,11 @@ class _Rule(BaseModel):
     #: Unique rule name (default: ``<metric>_drop`` or ``<metric>_drop_<service>``;
     #: ``<metric>_canary...`` for a canary rule).
     name: str = Field(min_length=1)
-    metric: str = Field(min_length=1, description="The metric watched (a name of docs/metrics.md).")
+    metric: str = Field(
+        min_length=1,
+        description="The metric watched (a name of docs/metrics.md), or `feedback:NAME` for "
+        "the user feedback called NAME (a rise in negative feedback is a drop in its mean).",
+    )
     service: str | None = Field(
         None, description="Watch this service only; unset: each service separately."
     )
@@ -195,14 +218,33 @@ class _Rule(BaseModel):
         ge=0,
         description="How long the drop must hold before the alert fires.",
     )
-    #: In the units of ``drop`` (score points, or a fraction of the baseline for a
-    #: relative drop).  Default: half the drop.
+    #: ``test: window``: in the units of ``drop`` (score points, or a fraction of the
+    #: baseline for a relative drop); default half the drop.  The sequential test
+    #: resolves on its own evidence instead.
     hysteresis: float | None = None
-    #: Confidence of the one-sided test; the p-value must be <= 1 - confidence.
+    #: ``test: window``: confidence of the one-sided test (the p-value must be <= 1 -
+    #: confidence).  With ``test: sequential`` a notification's p-value is that of the
+    #: window's one-sided test against no drop, for information.
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     #: Test H1 "the true drop exceeds ``drop``" (true, the default) rather than only
     #: "the window is below the baseline" (false: faster, but noise fires more often).
+    #: Used by ``test: window`` only.
     test_margin: bool = True
+    test: Literal["sequential", "window"] = Field(
+        "sequential",
+        description="`sequential` (the default): evidence that the mean runs `drop` below "
+        "the reference builds up step by step (a CUSUM of likelihood ratios) and the rule "
+        "fires when it reaches the level `false_alarm_interval` sets; `window`: the one-sided "
+        "test of the window at `confidence`, re-run at every evaluation (pages more often "
+        "on unchanged traffic, see docs/alerting.md).",
+    )
+    false_alarm_interval: Duration = Field(
+        default=30 * 86400.0,
+        gt=0,
+        description="`test: sequential`: on unchanged traffic, at most one false page per this "
+        "long for the rule in a service, whatever the number of segment values compared "
+        "(longer: fewer false pages, slower pages).",
+    )
     #: Extra labels for notifications (``severity`` defaults to ``warning``).
     labels: dict[str, str] = Field(default_factory=dict)
 
@@ -224,6 +266,15 @@ class _Rule(BaseModel):
                     f"rule {self.name!r}: hysteresis ({self.hysteresis}) cannot exceed the drop"
                     f" ({self.drop.value}); it is in the same units"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _check_sequential(self) -> _Rule:
+        if self.test == "sequential" and self.drop.value == 0:
+            raise ValueError(
+                f"rule {self.name!r}: `test: sequential` looks for a drop of `drop`, which"
+                " cannot be 0 (use `test: window` to test against no drop at all)"
+            )
         return self
 
     @property
@@ -382,9 +433,16 @@ class _Retrying(BaseModel):
 
 
 class WebhookConfig(_Retrying):
-    """A generic webhook: one JSON POST per firing and per resolved alert."""
+    """A generic webhook: one JSON POST per firing and per resolved alert, and the
+    current figures of a firing alert every ``repeat_interval``."""
 
     enabled: bool = Field(True, description="false: keep the settings, send nothing.")
+    repeat_interval: Duration | None = Field(
+        default=900.0,
+        gt=0,
+        description="While an alert fires, post its current figures this often (`repeat: "
+        "true`); null: transitions only.",
+    )
 
 
 class AlertmanagerConfig(_Retrying):

@@ -33,20 +33,33 @@ coarse bucket (about 1% of it).
 A rule for a service fires when, at an evaluation:
 
 1. the window holds at least ``min_samples`` scores (and a trailing baseline at least
-   its minimum);
-2. the window's mean is below the baseline by at least ``drop``; and
-3. a one-sided test says the drop is real at ``confidence``: Welch's t-test against a
-   trailing baseline, a one-sample t-test against a fixed one.  By default
-   (``test_margin``) the null hypothesis is "the true drop is at most ``drop``", so the
-   test asks whether the drop *of at least ``drop``* is real.  The detector re-tests
-   every evaluation, and under that repetition a test against "no drop" alone lets
-   ordinary noise through now and then (0/1-valued scores are the worst case); the
-   margin keeps noise at the baseline level from paging while a real drop of about
-   twice ``drop`` fires within a window or two;
+   its minimum; a canary rule: each side);
+2. the window's mean is below the reference (the baseline, or the canary's other side)
+   by at least ``drop``; and
+3. with ``test: sequential`` (the default), the series' *evidence* has reached its
+   level.  The evidence is a CUSUM: every quarter of a window (a *step*), the step's
+   scores add the log likelihood ratio of "the mean is ``drop`` below the reference"
+   against "it is not" (Gaussian, with the window's variance), and the sum is never
+   let below zero.  Lorden's bound makes the mean time between false alarms of such a
+   sum at least ``e**level`` steps, so ``level = ln(false_alarm_interval / step) +
+   ln(series compared in the service)`` keeps the rule, in one service, to one false
+   page per ``false_alarm_interval`` on unchanged traffic, however often it is
+   evaluated and however many segment values it compares.  With ``test: window``, the
+   one-sided test of the window (Welch's t against a trailing baseline, one-sample t
+   against a fixed one; with ``test_margin`` the null hypothesis is "the drop is at
+   most ``drop``") at ``confidence``, re-run at every evaluation (which is what makes
+   it page on noise now and then);
 
-and that has held at every evaluation for ``for``.  It resolves when the observed drop
-shrinks below ``drop - hysteresis``.  With too few samples the state does not move:
-pending resets, firing stays firing (absence of evidence is not a recovery).
+and that has held at every evaluation for ``for``.
+
+A firing series resolves when its window (or the canary's other side) has fewer than
+``min_samples`` results (the cause went away: a rollback, an evicted segment value, a
+quiet service; the event says so: ``no results in the last 900s``), or when the
+evidence says the drop is gone: ``test: sequential``, the same CUSUM the other way
+round reaches ``ln 100``; ``test: window``, the observed drop is below ``drop -
+hysteresis``.  While a series is pending or firing, its trailing baseline is frozen:
+the scores leaving the window are not taken in and its oldest buckets are kept, so the
+baseline never learns the incident.
 
 **Restarts.** All state is in memory.  After a restart the detector knows nothing: it
 stays silent until the window and the baseline have their minimum samples again
@@ -65,10 +78,14 @@ keep them apart).  The Prometheus rules shipped in ``docker/`` aggregate
 **Notifier outages.** Each notifier retries a post itself (``max_attempts``).  When
 every attempt failed, the failure is counted
 (``ragtrace_alert_notifications{outcome="error"}``), the notifier's status goes to
-``recoverable_error``, and a transition-only notifier (webhook) gets the event again,
-in order, at the next evaluations (at most ``_MAX_UNSENT`` kept per notifier);
-Alertmanager gets the firing alert at its next resend anyway.  Nothing else waits on a
-notifier: scoring, export and the other notifiers go on.
+``recoverable_error``, and a transition (firing or resolved) gets sent again, in
+order, at the next evaluations (at most ``_MAX_UNSENT`` kept per notifier); a failed
+repeat waits for the next one.  Nothing else waits on a notifier: scoring, export and
+the other notifiers go on.
+
+**Notifiers.** Every notifier gets each transition; a notifier with a
+``resend_interval`` (Alertmanager, the webhook's ``repeat_interval``) also gets the
+firing alert with its current figures at that period.
 
 Thread safety: ``observe`` and ``evaluate`` share a lock, so ``observe`` may be called
 from any thread; notifications are sent from the event loop running ``evaluate``.
@@ -77,6 +94,7 @@ from any thread; notifications are sent from the event loop running ``evaluate``
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import math
 import threading
@@ -94,6 +112,7 @@ from ragtrace_collector.alerts.config import (
     DropRule,
     Rule,
     TrailingBaseline,
+    feedback_series,
 )
 from ragtrace_collector.alerts.events import AlertEvent, SegmentMean
 from ragtrace_collector.alerts.notifiers import Notifier, build_notifiers
@@ -107,6 +126,13 @@ __all__ = ["DetectorStatus", "DropDetector", "RuleStatus"]
 _log = structlog.get_logger("ragtrace.alerts")
 
 _FINE_PER_WINDOW = 20
+#: Fine buckets per step of the sequential test (a step is a quarter of the window).
+_FINE_PER_STEP = 5
+#: ``test: sequential``: a firing alert resolves once the evidence for "no drop"
+#: against "a drop of ``drop``" reaches this (a likelihood ratio of 100).
+_RECOVERY_LEVEL = math.log(100.0)
+#: Variance floor of one score, so constant scores give a finite likelihood ratio.
+_MIN_VARIANCE = 1e-6
 _COARSE_PER_BASELINE = 96
 _EPS = 1e-12
 #: Transitions kept per notifier while its target is down (the oldest go first).
@@ -142,6 +168,14 @@ class _Series:
     firing_event: AlertEvent | None = None
     #: notifier name -> time of the last successful send of the firing alert
     last_sent: dict[str, float] = field(default_factory=dict)
+    #: ``test: sequential``: the CUSUM of log likelihood ratios ("the mean is ``drop``
+    #: below the reference" against "it is not"), its level to fire, and the last step
+    #: taken into it.
+    evidence: float = 0.0
+    evidence_level: float = math.inf
+    evidence_step: int = -(2**62)
+    #: While firing: the same CUSUM the other way round ("no drop" against "a drop").
+    recovery: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +220,17 @@ class _Measurement:
     baseline_count: int | None
     comparison: _Comparison | None
     buckets: list[_Bucket]
+    #: The scores compared with: the trailing baseline, the canary's other side (None:
+    #: a fixed baseline).
+    reference: Summary | None = None
+    #: Why there is no comparison (too few results), for a resolved alert.
+    shortfall: str | None = None
+
+
+def _too_few(n: int, window: float) -> str:
+    if not n:
+        return f"no results in the last {window:g}s"
+    return f"only {n} scored results in the last {window:g}s"
 
 
 class _RuleRuntime:
@@ -198,6 +243,7 @@ class _RuleRuntime:
         "rule",
         "series",
         "services",
+        "step_level",
         "trailing",
         "warned_cap",
     )
@@ -205,6 +251,10 @@ class _RuleRuntime:
     def __init__(self, rule: Rule, segments: Sequence[SegmentKey], max_services: int) -> None:
         self.rule = rule
         self.fine_width = rule.window / _FINE_PER_WINDOW
+        #: The sequential test's level for one series: Lorden's bound makes the mean
+        #: time between false alarms of a CUSUM at least e**level steps.
+        step = self.fine_width * _FINE_PER_STEP
+        self.step_level = math.log(max(rule.false_alarm_interval / step, 1.0))
         #: The rule's trailing baseline (None: a fixed baseline or a canary rule).
         self.trailing: TrailingBaseline | None = None
         if isinstance(rule, DropRule) and isinstance(rule.baseline, TrailingBaseline):
@@ -355,6 +405,18 @@ class DropDetector:
                         continue
                 self._add(runtime, series, value, trace_id, t, now)
 
+    def observe_feedback(
+        self,
+        service: str,
+        name: str,
+        value: float,
+        trace_id: str | None = None,
+        segments: tuple[str, ...] = (),
+    ) -> None:
+        """Record one user feedback (a value in [0, 1]) for the rules on
+        ``feedback:<name>``; a feedback observer of the feedback stage."""
+        self.observe(service, feedback_series(name), value, trace_id, segments=segments)
+
     def _new_series(self, runtime: _RuleRuntime, key: SeriesKey) -> _Series | None:
         """A new series, unless the rule is at its services or series bound."""
         service = key[0]
@@ -423,13 +485,16 @@ class DropDetector:
         cur = math.floor(now / runtime.fine_width)
         start = cur - _FINE_PER_WINDOW + 1
         trailing = runtime.trailing
+        # While the series is pending or firing, the scores leaving the window are not
+        # taken into the baseline: it must not learn the incident.
+        learn = series.phase == "inactive"
         for idx in [i for i in series.fine if i < start]:
             bucket = series.fine.pop(idx)
-            if trailing is not None and bucket.summary.n:
+            if learn and trailing is not None and bucket.summary.n:
                 cidx = math.floor(idx * runtime.fine_width / runtime.coarse_width)
                 series.coarse.setdefault(cidx, Summary()).merge(bucket.summary)
         series.fold_below = max(series.fold_below, start)
-        if trailing is not None:
+        if trailing is not None and learn:  # frozen while pending or firing
             horizon = start * runtime.fine_width - trailing.window
             for cidx in [c for c in series.coarse if (c + 1) * runtime.coarse_width <= horizon]:
                 del series.coarse[cidx]
@@ -455,7 +520,7 @@ class DropDetector:
         """The one-sided test of ``window`` against a fixed ``baseline`` (``base`` None)
         or against the scores ``base`` (Welch)."""
         threshold = rule.drop.amount(baseline)
-        margin = threshold if rule.test_margin else 0.0
+        margin = threshold if rule.test_margin and rule.test == "window" else 0.0
         test = (
             one_sample_less(window, baseline, margin)
             if base is None
@@ -489,9 +554,15 @@ class DropDetector:
             baseline_count = None
             baseline_ok = True
         if window.n < rule.min_samples or not baseline_ok or baseline_value is None:
-            return _Measurement(window, baseline_value, baseline_count, None, w.buckets)
+            if window.n < rule.min_samples:
+                shortfall = _too_few(window.n, rule.window)
+            else:
+                shortfall = f"the baseline has only {baseline_count} scored results"
+            return _Measurement(
+                window, baseline_value, baseline_count, None, w.buckets, base, shortfall
+            )
         comparison = self._compare(rule, window, baseline_value, base)
-        return _Measurement(window, baseline_value, baseline_count, comparison, w.buckets)
+        return _Measurement(window, baseline_value, baseline_count, comparison, w.buckets, base)
 
     def _measure_all(self, runtime: _RuleRuntime, now: float) -> dict[SeriesKey, _Measurement]:
         """Every series of a rule, measured at ``now``."""
@@ -514,13 +585,99 @@ class DropDetector:
                         for k in keys
                         if k != key and (rule.against is None or k[1][0] == rule.against)
                     )
+                shortfall: str | None
                 if other is None or not other.n:
-                    out[key] = _Measurement(w.summary, None, None, None, w.buckets)
+                    shortfall = _too_few(w.summary.n, rule.window)
+                    if w.summary.n >= rule.min_samples:
+                        shortfall = f"no results on the other side in the last {rule.window:g}s"
+                    out[key] = _Measurement(w.summary, None, None, None, w.buckets, None, shortfall)
                     continue
-                enough = w.summary.n >= rule.min_samples and other.n >= rule.min_samples
-                comparison = self._compare(rule, w.summary, other.mean, other) if enough else None
-                out[key] = _Measurement(w.summary, other.mean, other.n, comparison, w.buckets)
+                shortfall = None
+                if w.summary.n < rule.min_samples:
+                    shortfall = _too_few(w.summary.n, rule.window)
+                elif other.n < rule.min_samples:
+                    shortfall = (
+                        f"only {other.n} scored results on the other side in the last"
+                        f" {rule.window:g}s"
+                    )
+                comparison = (
+                    None if shortfall else self._compare(rule, w.summary, other.mean, other)
+                )
+                out[key] = _Measurement(
+                    w.summary, other.mean, other.n, comparison, w.buckets, other, shortfall
+                )
         return out
+
+    # ------------------------------------------------------- sequential test
+    def _accumulate(
+        self, runtime: _RuleRuntime, measured: dict[SeriesKey, _Measurement], now: float
+    ) -> None:
+        """``test: sequential``: add every step completed since the last evaluation to
+        each series' evidence (a CUSUM of Gaussian log likelihood ratios, the drop
+        ``drop`` against none), and set its level to fire."""
+        rule = runtime.rule
+        done = math.floor(now / runtime.fine_width + _EPS) // _FINE_PER_STEP - 1
+        first = done - _FINE_PER_WINDOW // _FINE_PER_STEP + 1  # the oldest still in the window
+        steps: dict[tuple[SeriesKey, int], Summary] = {}
+
+        def step_of(key: SeriesKey, k: int) -> Summary:
+            found = steps.get((key, k))
+            if found is None:
+                lo = k * _FINE_PER_STEP
+                fine = runtime.series[key].fine
+                found = steps[(key, k)] = Summary.merged(
+                    fine[i].summary for i in range(lo, lo + _FINE_PER_STEP) if i in fine
+                )
+            return found
+
+        compared: dict[str, int] = {}
+        for key, m in measured.items():
+            if m.comparison is not None:
+                compared[key[0]] = compared.get(key[0], 0) + 1
+        canary = rule if isinstance(rule, CanaryRule) else None
+        for key, series in runtime.series.items():
+            m = measured[key]
+            start = max(series.evidence_step + 1, first)
+            series.evidence_step = max(series.evidence_step, done)
+            c = m.comparison
+            if c is None:
+                continue
+            # Bonferroni over the series compared in this service: the rule's budget.
+            series.evidence_level = runtime.step_level + math.log(compared.get(key[0], 1))
+            mine_var = max(m.window.variance, _MIN_VARIANCE)
+            ref = m.reference
+            ref_var = max(ref.variance, _MIN_VARIANCE) if ref is not None and ref.n > 1 else 0.0
+            others = (
+                [
+                    k
+                    for k in measured
+                    if k != key
+                    and k[0] == key[0]
+                    and (canary.against is None or k[1][0] == canary.against)
+                ]
+                if canary is not None
+                else []
+            )
+            delta = c.threshold
+            for k in range(start, done + 1):
+                mine = step_of(key, k)
+                if not mine.n:
+                    continue
+                if canary is not None:
+                    side = Summary.merged(step_of(o, k) for o in others)
+                    if not side.n:
+                        continue
+                    diff = side.mean - mine.mean
+                    var = mine_var / mine.n + ref_var / side.n
+                else:
+                    assert ref is None or ref.n
+                    ref_n = ref.n if ref is not None else 1
+                    diff = c.baseline - mine.mean
+                    var = mine_var / mine.n + ref_var / ref_n
+                llr = delta * (diff - delta / 2.0) / var
+                series.evidence = max(0.0, series.evidence + llr)
+                if series.phase == "firing":
+                    series.recovery = max(0.0, series.recovery - llr)
 
     def _siblings(
         self,
@@ -614,23 +771,48 @@ class DropDetector:
         rule = runtime.rule
         m = measured[key]
         c = m.comparison
-        if c is None:  # too few samples: pending resets, firing holds
-            if series.phase == "pending":
-                series.phase, series.pending_since = "inactive", None
-            return None
         firing = series.firing_event
         if series.phase == "firing" and firing is not None:
-            if c.drop < c.threshold - c.hysteresis - _EPS:
+            if c is None:
+                # Too few results to hold the alert on: its cause went away (a rollback,
+                # an evicted segment value, a quiet service).  The last figures, and why.
+                event = dataclasses.replace(
+                    firing,
+                    status="resolved",
+                    repeat=False,
+                    sample_count=m.window.n,
+                    evaluated_at=now,
+                    ended_at=now,
+                    reason=m.shortfall or _too_few(m.window.n, rule.window),
+                )
+                self._reset(series)
+                return event
+            reason: str | None = None
+            if rule.test == "sequential":
+                if series.recovery >= _RECOVERY_LEVEL:
+                    reason = f"the scores are back: the drop is down to {c.drop:.3f}"
+            elif c.drop < c.threshold - c.hysteresis - _EPS:
+                reason = f"the drop {c.drop:.3f} is below {c.threshold - c.hysteresis:.3f}"
+            if reason is not None:
                 event = self._event(
                     runtime, key, m, c, "resolved", firing.started_at, now, measured
                 )
-                series.phase, series.pending_since, series.firing_event = "inactive", None, None
+                event = dataclasses.replace(event, reason=reason)
+                self._reset(series)
                 return event
             series.firing_event = self._event(
                 runtime, key, m, c, "firing", firing.started_at, now, measured, repeat=True
             )
             return None
-        dropped = c.drop >= c.threshold - _EPS and c.test.p_value <= 1.0 - rule.confidence
+        if c is None:  # too few samples: pending resets
+            if series.phase == "pending":
+                series.phase, series.pending_since = "inactive", None
+            return None
+        dropped = c.drop >= c.threshold - _EPS
+        if rule.test == "sequential":
+            dropped = dropped and series.evidence >= series.evidence_level
+        else:
+            dropped = dropped and c.test.p_value <= 1.0 - rule.confidence
         if not dropped:
             series.phase, series.pending_since = "inactive", None
             return None
@@ -641,9 +823,15 @@ class DropDetector:
         if now - since >= rule.for_ - _EPS:
             series.phase = "firing"
             series.last_sent = {}
+            series.recovery = 0.0
             series.firing_event = self._event(runtime, key, m, c, "firing", since, now, measured)
             return series.firing_event
         return None
+
+    @staticmethod
+    def _reset(series: _Series) -> None:
+        series.phase, series.pending_since, series.firing_event = "inactive", None, None
+        series.evidence = series.recovery = 0.0
 
     async def evaluate(self, now: float | None = None) -> list[AlertEvent]:
         """Test every rule for every series; send notifications; return the
@@ -655,6 +843,8 @@ class DropDetector:
             for runtime in self._rules:
                 firing_count = 0
                 measured = self._measure_all(runtime, when)
+                if runtime.rule.test == "sequential":
+                    self._accumulate(runtime, measured, when)
                 for key, series in list(runtime.series.items()):
                     event = self._step(runtime, key, series, when, measured)
                     if event is not None:
@@ -680,14 +870,15 @@ class DropDetector:
                         rule=runtime.rule.name, metric=runtime.rule.metric
                     ).set(firing_count)
         await self._send_unsent(when)
-        # Behind a notifier's unsent backlog, new transitions wait their turn (in order).
+        # Behind a notifier's unsent backlog, new transitions wait their turn (in order);
+        # a repeat waits for the next interval.
         ready: list[tuple[Notifier, AlertEvent, _Series | None]] = []
         for send in sends:
             backlog = self._unsent.get(send[0].name)
-            if backlog and send[0].resend_interval is None:
-                self._queue_unsent(send[0], send[1])
-            else:
+            if not backlog:
                 ready.append(send)
+            elif not send[1].repeat:
+                self._queue_unsent(send[0], send[1])
         sends = ready
         if sends:
             await asyncio.gather(*(self._send(n, e, s, when) for n, e, s in sends))
@@ -711,8 +902,6 @@ class DropDetector:
         """Send again, in order, the transitions a notifier failed to deliver."""
         for notifier in self._notifiers:
             queue = self._unsent.get(notifier.name)
-            if queue and notifier.resend_interval is not None:
-                queue.clear()  # it now re-sends firing alerts by itself
             while queue:
                 event = queue.popleft()
                 before = len(queue)
@@ -731,7 +920,9 @@ class DropDetector:
         try:
             await notifier.notify(event)
         except Exception as exc:
-            will_retry = notifier.resend_interval is None
+            # A transition is sent again until delivered (a resolved one above all: the
+            # target would otherwise keep the alert); a repeat waits for the next one.
+            will_retry = not event.repeat
             _log.warning(
                 "alert_notification_failed",
                 notifier=notifier.name,

@@ -95,6 +95,9 @@ class AlertEvent:
     #: Canary rules: the side compared with (``deployment.environment=production``, or
     #: ``service.version!=2.4.0`` for every other value).
     against: str | None = None
+    #: Resolved events: why (``no results in the last 900s``, ``the drop 0.031 is below
+    #: 0.050``).
+    reason: str | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -105,12 +108,31 @@ class AlertEvent:
         """``app.index_version=v1 holds at 0.82; ...`` ("" without siblings)."""
         return "; ".join(s.describe() for s in self.siblings)
 
+    def _vs_threshold(self, drop: str = "drop") -> str:
+        """``drop >= 0.100`` while a firing drop is at least the threshold, ``drop <
+        0.100`` below it.  A resolved alert never claims the threshold is met: when its
+        last figures still show the drop (it resolved because its results stopped, or on
+        the sequential test's evidence), ``drop threshold 0.100`` (``drop 0.420,
+        threshold 0.100`` when ``drop`` carries the figure)."""
+        met = self.drop >= self.drop_threshold - 1e-12
+        if met and self.status == "resolved":
+            sep = " " if drop == "drop" else ", "
+            return f"{drop}{sep}threshold {self.drop_threshold:.3f}"
+        return f"{drop} {'>=' if met else '<'} {self.drop_threshold:.3f}"
+
     def describe(self) -> str:
         """One human sentence, for logs and annotations."""
         if self.kind == "canary":
-            return self._describe_canary()
-        if self.segments:
-            return self._describe_segment()
+            text = self._describe_canary()
+        elif self.segments:
+            text = self._describe_segment()
+        else:
+            text = self._describe_plain()
+        if self.status == "resolved" and self.reason:
+            text += f"; resolved: {self.reason}"
+        return text
+
+    def _describe_plain(self) -> str:
         if self.baseline_kind == "trailing" and self.baseline_window_seconds is not None:
             against = f"its trailing {self.baseline_window_seconds:g}s baseline"
         else:
@@ -119,8 +141,8 @@ class AlertEvent:
         return (
             f"{self.metric} for service {self.service} {verb} {self.window_mean:.3f} over the"
             f" last {self.window_seconds:g}s ({self.sample_count} scored results), {self.drop:.3f}"
-            f" below {against} {self.baseline:.3f} (rule {self.rule}: drop >= "
-            f"{self.drop_threshold:.3f}, p={self.p_value:.2g})"
+            f" below {against} {self.baseline:.3f} (rule {self.rule}:"
+            f" {self._vs_threshold()}, p={self.p_value:.2g})"
         )
 
     def _describe_segment(self) -> str:
@@ -134,7 +156,7 @@ class AlertEvent:
             head
             + (f"; {siblings}" if siblings else "")
             + f" (rule {self.rule}: {self.sample_count} scored results over the last"
-            f" {self.window_seconds:g}s, drop {self.drop:.3f} >= {self.drop_threshold:.3f},"
+            f" {self.window_seconds:g}s, {self._vs_threshold(f'drop {self.drop:.3f}')},"
             f" p={self.p_value:.2g})"
         )
 
@@ -145,7 +167,7 @@ class AlertEvent:
             f" {self.window_mean:.2f} ({self.sample_count} scored results) against"
             f" {self.against} at {self.baseline:.2f} ({self.baseline_sample_count} scored"
             f" results) over the last {self.window_seconds:g}s, {self.drop:.3f} lower (rule"
-            f" {self.rule}: drop >= {self.drop_threshold:.3f}, p={self.p_value:.2g})"
+            f" {self.rule}: {self._vs_threshold()}, p={self.p_value:.2g})"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -176,5 +198,6 @@ class AlertEvent:
             "segments": dict(self.segments),
             "siblings": [s.to_dict() for s in self.siblings],
             "against": self.against,
+            "reason": self.reason,
             "summary": self.describe(),
         }

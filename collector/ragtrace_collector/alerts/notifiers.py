@@ -5,10 +5,12 @@ A notifier's :meth:`Notifier.notify` either delivers or raises
 :class:`NotificationError` after its bounded retries; the detector counts both
 outcomes and never lets a failing notifier stop the others.
 
-A notifier with a ``resend_interval`` (Alertmanager) is sent the still-firing alert
-again at that period; the others hear of each alert only when it fires and when it
-resolves, and the detector sends such a transition again at its next evaluations when
-every retry failed (see :class:`~ragtrace_collector.alerts.detector.DropDetector`).
+A notifier with a ``resend_interval`` (Alertmanager's ``resend_interval``, the
+webhook's ``repeat_interval``) is sent the still-firing alert, with its current
+figures, again at that period (``repeat: true``); the log hears of each alert only
+when it fires and when it resolves.  The detector sends a transition (firing or
+resolved) again at its next evaluations when every retry failed (see
+:class:`~ragtrace_collector.alerts.detector.DropDetector`).
 
 Each notifier is a component (``notifier:<name>``): ``recoverable_error`` while its
 target cannot be reached, ``ok`` after the next delivery.
@@ -155,7 +157,8 @@ def _retry_after(value: str | None) -> float | None:
 
 
 class WebhookNotifier(Component):
-    """A JSON POST per firing and per resolved alert.
+    """A JSON POST per firing and per resolved alert, and one with the current figures
+    (``"repeat": true``) every ``repeat_interval`` while an alert fires.
 
     Body: ``{"version": "1", "source": "ragtrace-collector", **AlertEvent.to_dict()}``
     (rule, metric, service, window mean, baseline, sample counts, p-value, example
@@ -179,7 +182,7 @@ class WebhookNotifier(Component):
 
     @property
     def resend_interval(self) -> float | None:
-        return None
+        return self._config.repeat_interval
 
     @staticmethod
     def payload(event: AlertEvent) -> dict[str, Any]:

@@ -32,10 +32,15 @@ class TraceConsumer(Protocol):
 class Refused(Exception):
     """The pipeline cannot take a request now; the client should retry later."""
 
-    def __init__(self, reason: str, message: str, retry_after: float) -> None:
+    def __init__(
+        self, reason: str, message: str, retry_after: float, *, detail: str | None = None
+    ) -> None:
         super().__init__(message)
         #: ``queue_full``, ``processor_busy``, ``storage_full``, ``storage_error`` or
         #: ``shutting_down``.
         self.reason = reason
+        #: What the client is told: never a server path or an OS error.
         self.message = message
+        #: The operator's version (logs, ``/readyz``); may name paths and OS errors.
+        self.detail = detail if detail is not None else message
         self.retry_after = retry_after

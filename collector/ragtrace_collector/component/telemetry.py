@@ -24,7 +24,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.samples import Sample
 
-__all__ = ["CONTENT_TYPE_LATEST", "SCORE_BUCKETS", "ResultBook", "Telemetry"]
+__all__ = ["CONTENT_TYPE_LATEST", "SCORE_BUCKETS", "FeedbackMetrics", "ResultBook", "Telemetry"]
 
 #: Score histogram buckets: fine enough to compute a windowed mean exactly (from
 #: _sum/_count) and a rough distribution.
@@ -168,6 +168,22 @@ class Telemetry:
             registry=r,
         )
 
+        # ------------------------------------------------------------ segments
+        self.segment_overflow = Counter(
+            "ragtrace_segment_overflow",
+            "Cases whose segment value was counted as `other` (beyond the key's max_values), "
+            "by segment key.",
+            ["key"],
+            registry=r,
+        )
+        self.segment_evictions = Counter(
+            "ragtrace_segment_evictions",
+            "Segment values that lost their label to a more frequent one (their series left "
+            "/metrics), by segment key.",
+            ["key"],
+            registry=r,
+        )
+
         # -------------------------------------------------------------- alerts
         self.alert_firing = Gauge(
             "ragtrace_alert_firing",
@@ -212,9 +228,84 @@ class Telemetry:
             registry=r,
         )
 
+        self._feedback: FeedbackMetrics | None = None
+
+    def feedback_metrics(self, segment_labels: Sequence[str] = ()) -> FeedbackMetrics:
+        """The ``ragtrace_feedback_*`` series, declared on first use: their labels end
+        with the ``segments:`` labels, known only once the config is read.  Later calls
+        return the same series (and must give the same labels)."""
+        labels = tuple(segment_labels)
+        if self._feedback is None:
+            self._feedback = FeedbackMetrics(self.registry, labels)
+        elif self._feedback.segment_labels != labels:
+            raise ValueError("the feedback series were declared with other segment labels")
+        return self._feedback
+
     def render(self) -> bytes:
         """The Prometheus text exposition of this instance's registry."""
         return generate_latest(self.registry)
+
+
+class FeedbackMetrics:
+    """The ``ragtrace_feedback_*`` series (see :mod:`ragtrace_collector.feedback`)."""
+
+    def __init__(self, registry: CollectorRegistry, segment_labels: tuple[str, ...]) -> None:
+        r = registry
+        segs = list(segment_labels)
+        self.segment_labels = segment_labels
+        self.total = Counter(
+            "ragtrace_feedback",
+            "User feedback recorded, once per request, name and user (a replacement is "
+            "not counted again), by outcome: positive, or negative (below 0.5).",
+            ["service", "name", *segs, "outcome"],
+            registry=r,
+        )
+        self.invalid = Counter(
+            "ragtrace_feedback_invalid",
+            "Feedback refused, by reason (a bad field, too many for one request, a flood).",
+            ["reason"],
+            registry=r,
+        )
+        self.unjoined = Counter(
+            "ragtrace_feedback_unjoined",
+            "Feedback whose request's scores never came within feedback.window (the "
+            "request was not sampled, or its scores had expired), or dropped while "
+            "waiting, by reason: expired, evicted.",
+            ["reason"],
+            registry=r,
+        )
+        self.evicted = Counter(
+            "ragtrace_feedback_evicted",
+            "Evaluated requests evicted from the join before feedback.window ended "
+            "(feedback.max_requests reached).",
+            registry=r,
+        )
+        self.held = Gauge(
+            "ragtrace_feedback_held",
+            "Entries the join holds: scores (evaluated requests) and pending (feedback "
+            "waiting for scores).",
+            ["side"],
+            registry=r,
+        )
+        self.auroc = Gauge(
+            "ragtrace_feedback_auroc",
+            "AUROC of the metric's score against the feedback over feedback.agreement_window: "
+            "the probability that a request with negative feedback scored lower than one "
+            "with positive feedback (ties half).  0.5 is chance.",
+            ["service", "metric", "name", *segs],
+            registry=r,
+        )
+        self.pairs = Gauge(
+            "ragtrace_feedback_pairs",
+            "Joined requests (a score and a feedback) behind ragtrace_feedback_auroc.",
+            ["service", "metric", "name", *segs],
+            registry=r,
+        )
+        self.series_refused = Counter(
+            "ragtrace_feedback_series_refused",
+            "Joined pairs not kept because the tracker holds feedback.max_series series.",
+            registry=r,
+        )
 
 
 class ResultBook:

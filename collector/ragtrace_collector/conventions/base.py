@@ -28,6 +28,7 @@ __all__ = [
     "Convention",
     "Document",
     "Role",
+    "Unread",
     "as_float",
     "as_text",
     "documents_from_attributes",
@@ -37,6 +38,7 @@ __all__ = [
     "json_value",
     "role_from",
     "text_attribute",
+    "unquote",
 ]
 
 Attrs = Mapping[str, Any]
@@ -75,6 +77,15 @@ class Document:
     #: of the retriever's output).  ``id`` is the default pick; the case builder may
     #: choose another (:mod:`ragtrace_collector.evaluation.document_ids`).
     ids: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A question or answer value that holds no text a person would call the question
+    (or the answer): what was found instead, e.g. "a JSON object with keys a, b, c"
+    (:mod:`ragtrace_collector.conventions.text`)."""
+
+    found: str
 
 
 class Convention(Protocol):
@@ -120,9 +131,14 @@ class Convention(Protocol):
         when the span does not record them (an empty list: it found none)."""
         ...
 
-    def question(self, attrs: Attrs) -> str | None: ...
+    def question(self, attrs: Attrs) -> str | Unread | None:
+        """The question of a case span: its text, what was found instead when the span
+        records a value that holds none (:class:`Unread`), or None."""
+        ...
 
-    def answer(self, attrs: Attrs) -> str | None: ...
+    def answer(self, attrs: Attrs) -> str | Unread | None:
+        """The answer of a case span, as :meth:`question`."""
+        ...
 
     def session_id(self, attrs: Attrs) -> str | None: ...
 
@@ -142,6 +158,20 @@ def json_value(value: Any) -> Any:
                 return json.loads(text)
             except (ValueError, RecursionError):
                 return value
+    return value
+
+
+def unquote(value: Any) -> Any:
+    """``value`` unquoted when it is a string holding a JSON string literal (``"Paris"``,
+    quotes included: how MLflow writes every text attribute); otherwise unchanged.
+    Never raises."""
+    if isinstance(value, str) and len(value) >= 2 and value[0] == '"' and value[-1] == '"':
+        try:
+            held = json.loads(value)
+        except (ValueError, RecursionError):
+            return value
+        if isinstance(held, str):
+            return held
     return value
 
 

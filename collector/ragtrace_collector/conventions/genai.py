@@ -24,11 +24,12 @@ from ragtrace_collector.conventions.base import (
     Attrs,
     Document,
     Role,
+    Unread,
     documents_from_json,
     role_from,
     text_attribute,
 )
-from ragtrace_collector.conventions.text import question_text, reduce_answer
+from ragtrace_collector.conventions.text import read_answer, read_question
 
 name: Final = "genai"
 markers: Final = {semconv.GEN_AI_OPERATION_NAME: frozenset({semconv.GEN_AI_OPERATION_RETRIEVAL})}
@@ -52,12 +53,12 @@ def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document] 
     return documents_from_json(attrs.get(semconv.GEN_AI_RETRIEVAL_DOCUMENTS))
 
 
-def question(attrs: Attrs) -> str | None:
-    return question_text(attrs.get(semconv.GEN_AI_INPUT_MESSAGES))
+def question(attrs: Attrs) -> str | Unread | None:
+    return read_question(attrs.get(semconv.GEN_AI_INPUT_MESSAGES))
 
 
-def answer(attrs: Attrs) -> str | None:
-    return reduce_answer(attrs.get(semconv.GEN_AI_OUTPUT_MESSAGES))
+def answer(attrs: Attrs) -> str | Unread | None:
+    return read_answer(attrs.get(semconv.GEN_AI_OUTPUT_MESSAGES))
 
 
 def session_id(attrs: Attrs) -> str | None:

@@ -29,13 +29,14 @@ from ragtrace_collector.conventions.base import (
     Attrs,
     Document,
     Role,
+    Unread,
     documents_from_attributes,
     documents_from_json,
     fill_ids,
     role_from,
     text_attribute,
 )
-from ragtrace_collector.conventions.text import question_text, reduce_answer
+from ragtrace_collector.conventions.text import read_answer, read_question
 
 name: Final = "openinference"
 markers: Final = {semconv.OPENINFERENCE_SPAN_KIND: frozenset({semconv.OI_KIND_RETRIEVER})}
@@ -64,15 +65,17 @@ def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document]:
     return docs
 
 
-def question(attrs: Attrs) -> str | None:
-    return _read(attrs, semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, question_text)
+def question(attrs: Attrs) -> str | Unread | None:
+    return _read(attrs, semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, read_question)
 
 
-def answer(attrs: Attrs) -> str | None:
-    return _read(attrs, semconv.OUTPUT_VALUE, semconv.OUTPUT_MIME_TYPE, reduce_answer)
+def answer(attrs: Attrs) -> str | Unread | None:
+    return _read(attrs, semconv.OUTPUT_VALUE, semconv.OUTPUT_MIME_TYPE, read_answer)
 
 
-def _read(attrs: Attrs, key: str, mime_key: str, reduce: Callable[[Any], str | None]) -> str | None:
+def _read(
+    attrs: Attrs, key: str, mime_key: str, reduce: Callable[[Any], str | Unread | None]
+) -> str | Unread | None:
     """The value, JSON reduced only when its mime type says JSON: a plain-text question
     that happens to look like JSON (``[1, 2]``) is kept as written."""
     if attrs.get(mime_key) == semconv.MIME_JSON:
@@ -85,4 +88,5 @@ def session_id(attrs: Attrs) -> str | None:
 
 
 def retrieval_query(attrs: Attrs) -> str | None:
-    return question(attrs)
+    query = question(attrs)
+    return query if isinstance(query, str) else None

@@ -10,7 +10,8 @@ instrumentations (Chroma, Qdrant, Pinecone, ...) of the openllmetry repository.
   ``db.query.result.{id,score,distance,metadata,document}``), or the LangChain
   instrumentation's retriever span (``gen_ai.operation.name = vector_db_retrieve``),
   whose documents are in ``traceloop.entity.output`` (``{"documents": [...]}``;
-  that instrumentation drops ``Document.id``, so ids come only from metadata).
+  that instrumentation drops ``Document.id``, so ids come from metadata, or from a
+  traceloop-sdk task above it, below).
   A distance is kept in the document's metadata, not as its score.
 * The LlamaIndex instrumentation (``opentelemetry-instrumentation-llamaindex``) makes
   every LlamaIndex span a plain ``task`` (a ``workflow`` at the top) named
@@ -22,6 +23,12 @@ instrumentations (Chroma, Qdrant, Pinecone, ...) of the openllmetry repository.
   A document's id is the node's ``id_`` (as OpenInference's ``document.id``); its
   metadata is the node's, plus ``ref_doc_id`` (the source document's id, from the
   node's SOURCE relationship) when the node's metadata has none.
+* traceloop-sdk's own ``@task`` / ``@workflow`` spans write the function's return value
+  in ``traceloop.entity.output`` with the SDK's JSON encoder, which writes a LangChain
+  ``Document`` as its ``to_json()`` (``{"lc": 1, "type": "constructor", "kwargs":
+  {"id", "page_content", "metadata"}}``).  :func:`entity_documents` reads them; the
+  case builder takes from such a span above a retriever the ids that the retriever
+  span lacks (the LangChain instrumentation drops ``Document.id``).
 * Question and answer: ``traceloop.entity.input`` / ``traceloop.entity.output``
   (``{"inputs": ...}`` / ``{"outputs": ...}``, LlamaIndex's
   ``{"str_or_query_bundle": ...}`` / ``{"response": ...}``, JSON reduced).
@@ -40,6 +47,7 @@ from ragtrace_collector.conventions.base import (
     Attrs,
     Document,
     Role,
+    Unread,
     as_float,
     as_text,
     documents_from_json,
@@ -47,7 +55,7 @@ from ragtrace_collector.conventions.base import (
     json_value,
     text_attribute,
 )
-from ragtrace_collector.conventions.text import question_text, reduce_answer
+from ragtrace_collector.conventions.text import question_text, read_answer, read_question
 
 name: Final = "openllmetry"
 markers: Final = {
@@ -91,7 +99,40 @@ def documents(span: trace_pb2.Span, attrs: Attrs, role: Role) -> list[Document] 
         return docs
     output = json_value(attrs.get(semconv.TRACELOOP_ENTITY_OUTPUT))  # parsed once, for both
     nodes = _llama_index_nodes(output)
-    return nodes if nodes is not None else documents_from_json(output)
+    return nodes if nodes is not None else documents_from_json(_unwrapped(output))
+
+
+def entity_documents(attrs: Attrs) -> list[Document] | None:
+    """The documents in a span's ``traceloop.entity.output`` (a traceloop-sdk task's
+    return value), None when it holds none."""
+    output = attrs.get(semconv.TRACELOOP_ENTITY_OUTPUT)
+    if not isinstance(output, str) or not output.startswith(("[", "{")):
+        return None
+    return documents_from_json(_unwrapped(json_value(output)))
+
+
+def _unwrapped(parsed: Any) -> Any:
+    """``parsed`` with LangChain-serialised objects (``{"lc": 1, "type":
+    "constructor", "kwargs": {...}}``) replaced by their ``kwargs``, in a list or
+    under a container key, one level deep."""
+    if isinstance(parsed, list):
+        return [_lc_kwargs(item) for item in parsed[:_MAX_NODES]]
+    if isinstance(parsed, dict):
+        if "lc" in parsed:
+            return _lc_kwargs(parsed)
+        return {k: _unwrapped(v) if isinstance(v, list) else v for k, v in parsed.items()}
+    return parsed
+
+
+def _lc_kwargs(item: Any) -> Any:
+    if (
+        isinstance(item, dict)
+        and item.get("lc") == 1
+        and item.get("type") == "constructor"
+        and isinstance(item.get("kwargs"), dict)
+    ):
+        return item["kwargs"]
+    return item
 
 
 def _llama_index_nodes(parsed: Any) -> list[Document] | None:
@@ -156,12 +197,12 @@ def _event_document(attrs: Attrs) -> Document:
     return doc
 
 
-def question(attrs: Attrs) -> str | None:
-    return question_text(attrs.get(semconv.TRACELOOP_ENTITY_INPUT))
+def question(attrs: Attrs) -> str | Unread | None:
+    return read_question(attrs.get(semconv.TRACELOOP_ENTITY_INPUT))
 
 
-def answer(attrs: Attrs) -> str | None:
-    return reduce_answer(attrs.get(semconv.TRACELOOP_ENTITY_OUTPUT))
+def answer(attrs: Attrs) -> str | Unread | None:
+    return read_answer(attrs.get(semconv.TRACELOOP_ENTITY_OUTPUT))
 
 
 def session_id(attrs: Attrs) -> str | None:

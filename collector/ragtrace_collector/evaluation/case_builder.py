@@ -1,9 +1,10 @@
 """Evaluation cases from the spans of one trace, whatever instrumented them.
 
 The convention modules (:mod:`ragtrace_collector.conventions`: ragtrace, OpenInference,
-OTel GenAI, OpenLLMetry) say what each span is (:class:`~.conventions.Role`) and read
-its documents, question, answer and session; this module picks the case spans and
-builds one :class:`BuiltCase` per case span.  The rest of the collector sees only cases.
+OTel GenAI, OpenLLMetry, MLflow, Langfuse) say what each span is
+(:class:`~.conventions.Role`) and read its documents, question, answer and session;
+this module picks the case spans and builds one :class:`BuiltCase` per case span.
+The rest of the collector sees only cases.
 
 **Which span is a case.**
 
@@ -33,9 +34,13 @@ builds one :class:`BuiltCase` per case span.  The rest of the collector sees onl
   Retriever spans nested in a retriever span are one retrieval: the documents of the
   outermost span that recorded some, those without an id taking the id of the
   same-rank document of a nested span when their contents agree;
-* the id of each document: chosen among the ids it carries to be of the reference
-  ids' kind (:mod:`~ragtrace_collector.evaluation.document_ids`); a case that compares
-  ids says where they were read in ``ragtrace.retrieval.document_id_source``;
+* the id of each document: chosen among the ids it carries, one source per service,
+  to be of the reference ids' kind (:mod:`~ragtrace_collector.evaluation.document_ids`);
+  a case that compares ids says where they were read in
+  ``ragtrace.retrieval.document_id_source``.  Documents without any id take them from
+  a traceloop-sdk task span above their retriever that returned them with ids; when
+  none is found, the ID metrics' reason says where the trace holds ids and the
+  setting that reads them;
 * ground truth from the span (``ragtrace.expected_output``,
   ``ragtrace.reference_contexts``, ``ragtrace.reference_context_ids``,
   ``ragtrace.expected_outcome``), else from the reference store by input, field by
@@ -63,9 +68,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragtrace import semconv
 from ragtrace_collector.cases import ContextItem, RAGCase
-from ragtrace_collector.conventions import CONVENTIONS, Convention, Document, Role, by_name
-from ragtrace_collector.conventions.base import documents_from_attributes, json_value
-from ragtrace_collector.conventions.text import reduce_answer, reduce_question
+from ragtrace_collector.conventions import (
+    CONVENTIONS,
+    Convention,
+    Document,
+    Role,
+    by_name,
+    openllmetry,
+)
+from ragtrace_collector.conventions.base import Unread, documents_from_attributes, json_value
+from ragtrace_collector.conventions.text import read_answer, read_question
 from ragtrace_collector.evaluation.configured_retrievers import (
     CaseMatch,
     ConfiguredRetrievers,
@@ -100,6 +112,8 @@ def _log() -> Any:
 
 #: Ancestors followed up from a retriever, at most (a guard against parent cycles).
 _MAX_DEPTH = 256
+#: Documents whose metadata keys the "no ids" reason lists, at most.
+_REASON_DOCS = 20
 #: Serialised spans up to this size are searched as bytes by the prefilter; larger
 #: ones are checked attribute by attribute.
 _SEARCH_LIMIT = 8192
@@ -111,8 +125,9 @@ class CasesConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    #: Conventions read, of ``ragtrace``, ``openinference``, ``genai``, ``openllmetry``
-    #: (default all; a span claimed by several is read by the first in this order).
+    #: Conventions read, of ``ragtrace``, ``openinference``, ``genai``, ``openllmetry``,
+    #: ``mlflow``, ``langfuse`` (default all; a span claimed by several is read by the
+    #: first in this order).
     conventions: list[str] = Field(default_factory=lambda: [c.name for c in CONVENTIONS])
     #: Matchers choosing the case spans instead of the default rule (the outermost
     #: CHAIN/AGENT/workflow span with a retriever below it); ``@rag`` spans stay cases.
@@ -127,10 +142,10 @@ class CasesConfig(BaseModel):
     #: ``document.id``, ``metadata.<key>``, ``output.id`` (docs/ground-truth.md); or a
     #: map from convention name (``openinference``, ``cases.retrievers``, ...) to such a
     #: list.  Unset: ``document.id``, then the metadata's ``doc_id``, ``document_id``,
-    #: ``ref_doc_id``, ``id``, ``_id``, ``node_id``, ``chunk_id``, then ``output.id``;
-    #: and when those ids match none of a case's reference ids but another of these
-    #: sources does, that source (said on the span and logged); generated ids (UUIDs)
-    #: are never scored against reference ids that are not.
+    #: ``ref_doc_id``, ``id``, ``_id``, ``node_id``, ``chunk_id``, then ``output.id``,
+    #: or another of the documents' ids chosen per service from its cases to be of the
+    #: reference ids' kind (said on the span and logged); ids of different kinds
+    #: (generated ids, file names against your ids) are skipped, never scored.
     document_id: list[str] | dict[str, list[str]] | None = None
     #: Cases with reference ids watched per service: when none of the last this many
     #: retrieved a reference id, ``/healthz`` warns (docs/ground-truth.md).
@@ -426,6 +441,7 @@ def build_cases(
                 rules=rules,
                 service=service_of(node.span) if service_of else "unknown",
                 reference_lookup=reference_lookup,
+                nodes=nodes,
             )
         except Exception as exc:  # spans are untrusted: that case is skipped, not the trace
             _log().warning(
@@ -500,6 +516,17 @@ def _retrieval_under(
     return ordered, rerankers
 
 
+def _between(node: _Node, case: _Node, nodes: Mapping[bytes, _Node]) -> Iterable[_Node]:
+    """The spans above ``node`` up to the case span (not included), nearest first."""
+    parent_id = node.span.parent_span_id
+    for _ in range(_MAX_DEPTH):
+        parent = nodes.get(parent_id) if parent_id else None
+        if parent is None or parent is case:
+            return
+        yield parent
+        parent_id = parent.span.parent_span_id
+
+
 def _start_order(node: _Node) -> tuple[int, bytes]:
     return node.span.start_time_unix_nano, node.span.span_id
 
@@ -511,11 +538,21 @@ class _Found(NamedTuple):
     docs: list[Document]
     conventions: list[str]
     where: list[tuple[str, int]]
+    #: A span above a retriever holding documents with ids the collector could not
+    #: give the retriever's documents (for the "no ids" reason); None: none.
+    elsewhere: _Node | None = None
 
 
-def _context_docs(groups: list[list[_Node]], rerankers: list[_Node]) -> _Found | None:
+def _context_docs(
+    groups: list[list[_Node]],
+    rerankers: list[_Node],
+    above: Callable[[_Node], Iterable[_Node]] | None = None,
+) -> _Found | None:
     """The case's documents; None when no retriever ran or none recorded its documents
-    (then the ID metrics are skipped rather than scored on "found none")."""
+    (then the ID metrics are skipped rather than scored on "found none").  ``above``:
+    the spans between a retriever and the case span, searched for the ids the
+    retriever's documents lack (:func:`_fill_from_above`)."""
+    elsewhere: _Node | None = None
     if rerankers:
         node = rerankers[-1]
         assert node.convention is not None
@@ -523,6 +560,10 @@ def _context_docs(groups: list[list[_Node]], rerankers: list[_Node]) -> _Found |
         sources = [] if read is None else [(node, read)]
     else:
         sources = [r for r in map(_group_documents, groups) if r is not None]
+        if above is not None:
+            for node, found in sources:
+                if found and any(d.id is None for d in found):
+                    elsewhere = _fill_from_above(found, above(node)) or elsewhere
     if not sources:
         return None
     docs: list[Document] = []
@@ -534,7 +575,7 @@ def _context_docs(groups: list[list[_Node]], rerankers: list[_Node]) -> _Found |
         conventions.extend([node.convention.name] * len(found))
         span_hex = node.span.span_id.hex()
         where.extend((span_hex, i) for i in range(len(found)))
-    return _Found(docs, conventions, where)
+    return _Found(docs, conventions, where, elsewhere)
 
 
 def _read_documents(node: _Node) -> list[Document] | None:
@@ -582,6 +623,62 @@ def _fill_from(docs: list[Document], inner: list[Document] | None) -> None:
             doc.metadata = other.metadata
 
 
+def _fill_from_above(docs: list[Document], spans: Iterable[_Node]) -> _Node | None:
+    """Ids for the documents without one from a span above their retriever whose
+    ``traceloop.entity.output`` holds the same documents with ids: traceloop-sdk's
+    ``@task`` that returned them (the LangChain instrumentation drops
+    ``Document.id``; the SDK's encoder keeps it).  Read only when ids are missing.
+    Returns a span holding documents with ids when some documents are still without
+    one (for the reason), else None."""
+    holder: _Node | None = None
+    for node in spans:
+        found = openllmetry.entity_documents(node.attrs)
+        if found and any(d.id is not None for d in found):
+            _fill_from(docs, found)
+            if all(d.id is not None for d in docs):
+                return None
+            holder = holder or node
+    return holder
+
+
+def _no_ids_reason(docs: Sequence[Document], elsewhere: _Node | None) -> str:
+    """Why the ID metrics are skipped when no document has an id, and the setting that
+    reads the ids the trace holds elsewhere."""
+    parts = ["no retrieved document ids captured"]
+    if elsewhere is not None:
+        raw = elsewhere.attrs.get(semconv.TRACELOOP_ENTITY_OUTPUT)
+        fields = (
+            "id: kwargs.id, content: kwargs.page_content"
+            if isinstance(raw, str) and '"lc": 1' in raw
+            else "id: id"
+        )
+        parts.append(
+            f"span {elsewhere.span.name!r} holds the documents with ids in"
+            f" {semconv.TRACELOOP_ENTITY_OUTPUT}, not in the retriever's order: read them"
+            f" with cases.retrievers: [{{match: {{span_name: {elsewhere.span.name!r}}},"
+            f" documents: {semconv.TRACELOOP_ENTITY_OUTPUT}, {fields}}}]"
+        )
+    keys = list(
+        dict.fromkeys(
+            k
+            for d in docs[:_REASON_DOCS]
+            for k, v in (d.metadata or {}).items()
+            if isinstance(v, (str, int)) and not isinstance(v, bool)
+        )
+    )[:5]
+    if keys:
+        parts.append(
+            f"the documents' metadata has {', '.join(keys)}: if one of these is your"
+            f" document id, name it with cases.document_id (e.g. [metadata.{keys[0]}])"
+        )
+    else:
+        parts.append(
+            "the retriever span records its documents without ids; if another span"
+            " holds them, name it with cases.retrievers (docs/already-instrumented.md)"
+        )
+    return "; ".join(parts)
+
+
 def _read_order(node: _Node, rules: CaseRules) -> list[Convention]:
     first = [node.convention] if node.convention is not None else []
     return first + [c for c in rules.conventions if c is not node.convention]
@@ -595,6 +692,32 @@ def _first(readers: Iterable[Callable[[Mapping[str, Any]], str | None]], attrs: 
     return None
 
 
+def _first_text(
+    readers: Iterable[Callable[[Mapping[str, Any]], str | Unread | None]], attrs: Any
+) -> str | Unread | None:
+    """The first text the readers give; else what the first of them found instead."""
+    unread: Unread | None = None
+    for read in readers:
+        value = read(attrs)
+        if isinstance(value, Unread):
+            unread = unread or value
+        elif value:
+            return value
+    return unread
+
+
+def _unreadable(value: str | Unread | None, what: str, where: str | None) -> str | None:
+    """The skip reason of a question or answer that was recorded but is not text."""
+    if not isinstance(value, Unread):
+        return None
+    held = f"the {what} recorded" + (f" in {where}" if where else "")
+    key = "question_attribute" if what == "question" else "answer_attribute"
+    return (
+        f"{held} is {value.found}, not text; set cases.{key} to an attribute that holds "
+        f"the {what} text"
+    )
+
+
 def _build_one(
     node: _Node,
     groups: list[list[_Node]],
@@ -603,25 +726,33 @@ def _build_one(
     rules: CaseRules,
     service: str,
     reference_lookup: Callable[[str], ReferenceLookup | None] | None,
+    nodes: Mapping[bytes, _Node] | None = None,
 ) -> BuiltCase:
     attrs = node.attrs
     order = _read_order(node, rules)
     retrievers = [n for group in groups for n in group]  # outermost first
+    question: str | Unread | None
     if rules.question_attribute is not None:
-        user_input = reduce_question(attrs.get(rules.question_attribute))
+        question = read_question(attrs.get(rules.question_attribute))
     else:
-        user_input = _first((c.question for c in order), attrs)
-        if not user_input:
+        question = _first_text((c.question for c in order), attrs)
+        if not isinstance(question, str):
+            # No question text on the case span: the first retriever's query stands in.
             for retriever in retrievers:
-                user_input = _first(
+                query = _first(
                     (c.retrieval_query for c in _read_order(retriever, rules)), retriever.attrs
                 )
-                if user_input:
+                if query:
+                    question = query
                     break
-    if rules.answer_attribute is not None:
-        actual_output = reduce_answer(attrs.get(rules.answer_attribute))
-    else:
-        actual_output = _first((c.answer for c in order), attrs)
+    user_input = question if isinstance(question, str) else None
+    # An answer that is not text stays no answer (never the question, never the JSON).
+    answer = (
+        read_answer(attrs.get(rules.answer_attribute))
+        if rules.answer_attribute is not None
+        else _first_text((c.answer for c in order), attrs)
+    )
+    actual_output = answer if isinstance(answer, str) else None
     session_id = _first((c.session_id for c in order), attrs)
     for retriever in retrievers:
         if session_id:
@@ -662,7 +793,9 @@ def _build_one(
             if filled and source is None:
                 source = "reference_store"
 
-    found = _context_docs(groups, rerankers)
+    found = _context_docs(
+        groups, rerankers, None if nodes is None else lambda r: _between(r, node, nodes)
+    )
     retrieval_context: list[ContextItem] | None = None
     retrieved_ids: list[str] | None = None
     document_sources: list[DocumentSource] | None = None
@@ -677,9 +810,12 @@ def _build_one(
             for (span_hex, position), doc_id in zip(found.where, doc_ids, strict=True)
         ]
         ids = [i for i in doc_ids if i is not None]
-        # No document carried an id: the ID metrics have nothing to compare (skipped).
-        # No document at all: an empty retrieval, which the ID metrics score as 0.
+        # No document carried an id: the ID metrics have nothing to compare (skipped,
+        # with what in the trace could give them one).  No document at all: an empty
+        # retrieval, which the ID metrics score as 0.
         retrieved_ids = ids if (ids or not docs) else None
+        if retrieved_ids is None:
+            mismatch = _no_ids_reason(docs, found.elsewhere)
         if reference_ids and ids:
             if choice.mismatch is None:
                 rules.document_ids.observe(service, ids, reference_ids, choice.source)
@@ -722,6 +858,8 @@ def _build_one(
             "retrieved_context_ids": retrieved_ids,
             "case_id": f"{trace_id}:{span_id}",
             "retrieved_ids_mismatch": mismatch,
+            "input_unreadable": _unreadable(question, "question", rules.question_attribute),
+            "output_unreadable": _unreadable(answer, "answer", rules.answer_attribute),
         },
     )
     return BuiltCase(

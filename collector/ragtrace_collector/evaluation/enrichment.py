@@ -65,6 +65,13 @@ class EnrichmentConfig(BaseModel):
     max_reason_chars: int = Field(
         1000, ge=16, description="longer reasons are truncated on the span"
     )
+    max_text_chars: int = Field(
+        2000,
+        ge=0,
+        description="the judged question and answer (ragtrace.eval.input / "
+        "ragtrace.eval.output) are cut to this many characters on the span; 0 leaves "
+        "them off",
+    )
 
 
 @dataclass
@@ -78,6 +85,9 @@ class EvalSummary:
     #: metric -> {field: value}: extra flat keys such as ``conversation_score``
     #: or contextual_precision's ``reference``.
     extra: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: The question and the answer the metrics judged (None: the case had none).
+    input: str | None = None
+    output: str | None = None
 
 
 def case_extra(
@@ -133,7 +143,7 @@ def _evaluation_keys(index: int) -> tuple[str, str, str, str, str]:
     )
 
 
-def _summary_items(summary: EvalSummary) -> list[tuple[str, Any]]:
+def _summary_items(summary: EvalSummary, text_limit: int) -> list[tuple[str, Any]]:
     items: list[tuple[str, Any]] = [
         (semconv.EVAL_MODEL, summary.model),
         (semconv.EVAL_SAMPLE_RATE, float(summary.sample_rate)),
@@ -141,6 +151,13 @@ def _summary_items(summary: EvalSummary) -> list[tuple[str, Any]]:
     ]
     if summary.cost_usd is not None:
         items.append((semconv.EVAL_COST_USD, float(summary.cost_usd)))
+    if text_limit:
+        for key, text in (
+            (semconv.EVAL_INPUT, summary.input),
+            (semconv.EVAL_OUTPUT, summary.output),
+        ):
+            if text:
+                items.append((key, _truncate(text, text_limit)))
     return items
 
 
@@ -292,7 +309,8 @@ def enrich_span(
     start = _next_evaluation(existing) if config.openinference else 0
     out: list[bytes] = []
     if config.flat:
-        out += protowire.span_attribute_entries(attributes, _summary_items(summary), existing)
+        summary_items = _summary_items(summary, config.max_text_chars)
+        out += protowire.span_attribute_entries(attributes, summary_items, existing)
     if config.flat and any(k.startswith(_EVAL_LEAD) and k not in _SPAN_KEYS for k in existing):
         # A second pass: this span already has flat results, which are replaced in place.
         for r in results:
@@ -320,6 +338,8 @@ _SPAN_KEYS = frozenset(
         semconv.EVAL_MODEL,
         semconv.EVAL_LATENCY_MS,
         semconv.EVAL_COST_USD,
+        semconv.EVAL_INPUT,
+        semconv.EVAL_OUTPUT,
     }
 )
 

@@ -45,7 +45,8 @@ With ``enrichment.attach: carrier`` the trace is forwarded as soon as it is samp
 and the results follow on a carrier span.  With ``attach: span`` (the default), a
 metric still running at ``trace_timeout`` is written as ``.error = "timeout"`` and the
 trace goes on; ``late_results: carrier`` lets such a metric finish and sends its
-result on a carrier span instead.
+result on a carrier span instead.  So it does in carrier mode: there the metrics done
+by ``trace_timeout`` go on one carrier and the late ones follow on another.
 
 With a write-ahead log (``storage.directory``) the pipeline hands the evaluator its
 ledger of outputs (:meth:`OnlineEvaluator.use_ledger`): a trace whose results follow
@@ -53,7 +54,10 @@ it (carrier, late results) keeps its log entries until the carrier is logged; re
 written on a span are logged before the trace is forwarded; and at a replay, a case
 whose results the log held gets them back, only the metrics without a logged result
 are computed, and those follow on a carrier (the trace may have reached an exporter
-already).
+already).  So do the results of a replayed trace that a delivery mark says reached
+some exporter before the restart (:meth:`OutputLedger.reached`), even when the log
+held none of its results: with ``late_results: carrier``, a crash after the trace
+went out and before its late results were computed still delivers them.
 
 When the session store fails (Redis down, hung or refusing), the case metrics run and
 are written as usual; each conversation metric gets ``.error = "session store
@@ -137,6 +141,8 @@ class _Job:
     hold: Hold | None = None
     #: Case (by id of its BuiltCase) -> metrics whose results the log already held.
     logged: dict[int, frozenset[str]] = field(default_factory=dict)
+    #: Replayed, and some exporter had it before the restart (a delivery mark).
+    reached: bool = False
 
     def release(self) -> None:
         if self.hold is not None:
@@ -388,6 +394,7 @@ class OnlineEvaluator(Component):
             forward(trace)
             return
         logged: dict[int, frozenset[str]] = {}
+        reached = self.ledger is not None and self.ledger.reached(trace)
         if self.ledger is not None and self.ledger.replayed_results:
             cases, logged = self._logged_results(trace, cases)
             if not cases:
@@ -405,7 +412,16 @@ class OnlineEvaluator(Component):
                 self._telemetry.eval_skipped.labels("budget").inc()
             forward(trace)
             return
-        job = _Job(trace, forward, cases, decision, time.monotonic(), groups_of, logged=logged)
+        job = _Job(
+            trace,
+            forward,
+            cases,
+            decision,
+            time.monotonic(),
+            groups_of,
+            logged=logged,
+            reached=reached,
+        )
         if self._segments is not None:
             self._read_segments(job)
         try:
@@ -512,9 +528,10 @@ class OnlineEvaluator(Component):
 
     async def _evaluate(self, job: _Job) -> None:
         started = time.monotonic()
-        # A replayed trace with results restored from the log may have reached some
-        # exporters already: what is computed now follows on a carrier span.
-        carrier_mode = self.enrichment.attach == "carrier" or bool(job.logged)
+        # A replayed trace that reached some exporter before the restart (a delivery
+        # mark), or whose results were restored from the log, may be there already:
+        # what is computed now follows on a carrier span.
+        carrier_mode = self.enrichment.attach == "carrier" or bool(job.logged) or job.reached
         if self.ledger is not None and (carrier_mode or self.config.late_results == "carrier"):
             # Results may follow the trace: its log entries stay until they are logged.
             job.hold = self.ledger.hold(job.trace)
@@ -536,7 +553,8 @@ class OnlineEvaluator(Component):
                     continue
                 for name in item.names:
                     self._telemetry.eval_timeouts.labels(name).inc()
-                if self.config.late_results == "carrier" and not carrier_mode:
+                # Let it finish, in carrier mode too (a replayed trace runs in it).
+                if self.config.late_results == "carrier":
                     late.append((outcome, item))
                 else:
                     item.future.cancel()
@@ -551,7 +569,9 @@ class OnlineEvaluator(Component):
             total_usd += summary.cost_usd or 0.0
             self._record(outcome, job)
             if carrier_mode:
-                self._forward_carrier(job, outcome.built, outcome.results, summary)
+                if outcome.results or not any(o is outcome for o, _ in late):
+                    # (a case whose every metric is late has no carrier yet)
+                    self._forward_carrier(job, outcome.built, outcome.results, summary)
             else:
                 enrich_span(
                     outcome.built.span,
@@ -659,6 +679,8 @@ class OnlineEvaluator(Component):
             latency_ms=latency_ms,
             cost_usd=usd if calls else (0.0 if usd is not None else None),
             extra=outcome.extra,
+            input=outcome.built.case.input,
+            output=outcome.built.case.actual_output,
         )
 
     def _record(self, outcome: _CaseOutcome, job: _Job) -> None:

@@ -520,6 +520,8 @@ def _pack_payload(kind: ItemKind, payload: RAGCase | Conversation) -> Any:
         payload.retrieved_context_ids,
         payload.case_id,
         payload.retrieved_ids_mismatch,
+        payload.input_unreadable,
+        payload.output_unreadable,
     )
 
 
@@ -549,6 +551,8 @@ def _unpack_case(packed: _Packed) -> RAGCase:
         retrieved_context_ids=packed[6],
         case_id=packed[7],
         retrieved_ids_mismatch=packed[8],
+        input_unreadable=packed[9],
+        output_unreadable=packed[10],
     )
 
 

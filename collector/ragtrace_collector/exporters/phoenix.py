@@ -18,6 +18,16 @@ Phoenix files spans under), then posts each result through Phoenix's REST API:
 * ``POST /v1/session_annotations?sync=true``: the running conversation score
   (``ragtrace.eval.<metric>.conversation_score``) on the Phoenix session of the span's
   ``session.id``; a later turn replaces an earlier one, never the other way round.
+* user feedback (a ``ragtrace.feedback`` span, :mod:`ragtrace_collector.feedback`) is a
+  span annotation with ``annotator_kind`` HUMAN on the request span: ``name`` = the
+  feedback name, ``result`` = value as score, outcome (positive/negative) as label,
+  comment as explanation, ``metadata`` = value type, correction, source;
+  ``identifier`` = the user id (empty without one), so a user's repeat replaces their
+  earlier feedback as the join does.  The request span is the one the feedback links
+  to; feedback sent with a trace id only lands on the trace's root span when this
+  exporter has sent it (the last ``_MAX_ROOTS`` traces are remembered), else it is
+  skipped and counted (``outcome="no_span"``).  Of several feedback with one key in
+  a batch only the last is posted.  The feedback span itself is sent too.
 
 **One source of truth.**  Annotations are read off the spans being exported, from the
 flat ``ragtrace.eval.*`` attributes the evaluator wrote (names from
@@ -48,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiohttp
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from ragtrace import semconv
 from ragtrace_collector.component import Supervisor
@@ -60,10 +71,17 @@ from ragtrace_collector.exporters.otlp_http import (
     client_ssl_context,
     parse_retry_after,
 )
+from ragtrace_collector.feedback.record import Feedback, from_span, is_feedback_span
 from ragtrace_collector.otlp.codec import Span, SpanGroup, build_request
 from ragtrace_collector.otlp.spanattrs import any_value_to_python, set_attribute
 
-__all__ = ["PhoenixAnnotations", "PhoenixExporter", "is_carrier", "read_annotations"]
+__all__ = [
+    "PhoenixAnnotations",
+    "PhoenixExporter",
+    "is_carrier",
+    "read_annotations",
+    "read_feedback",
+]
 
 #: The identifier of every span and session annotation ragtrace writes.
 IDENTIFIER: Final = "ragtrace"
@@ -80,6 +98,9 @@ _MAX_SESSIONS: Final = 10_000
 _MAX_ANNOTATING: Final = 64
 #: Connections for the annotation requests.
 _REST_CONNECTIONS: Final = 4
+_FEEDBACK_MARK: Final = semconv.FEEDBACK_SPAN_NAME.encode()
+#: Traces whose root span id is remembered, for feedback sent with a trace id only.
+_MAX_ROOTS: Final = 10_000
 
 
 @dataclass
@@ -90,9 +111,40 @@ class PhoenixAnnotations:
     documents: list[dict[str, Any]] = field(default_factory=list)
     #: (session id, metric, turn index or None, item)
     sessions: list[tuple[str, str, int | None, dict[str, Any]]] = field(default_factory=list)
+    #: (trace id hex, item without ``span_id``): feedback whose request span is the
+    #: trace's root, to be found (:meth:`PhoenixExporter._encoded`).
+    unplaced: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: trace id hex -> root span id hex, of the root spans in the batch.
+    roots: dict[str, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.spans or self.documents or self.sessions)
+
+
+def read_feedback(
+    span: Span, resource: Resource | None = None, into: PhoenixAnnotations | None = None
+) -> PhoenixAnnotations:
+    """The HUMAN span annotation for the feedback ``span`` carries (none when it
+    carries no valid feedback), added to ``into`` when given."""
+    out = into if into is not None else PhoenixAnnotations()
+    feedback = from_span(span, resource)
+    if not isinstance(feedback, Feedback):
+        return out
+    metadata: dict[str, Any] = {"source": "user", "value_type": feedback.value_type}
+    if feedback.correction is not None:
+        metadata["correction"] = feedback.correction
+    item: dict[str, Any] = {
+        "name": feedback.name,
+        "annotator_kind": "HUMAN",
+        "result": _result(feedback.value, feedback.outcome, feedback.comment),
+        "metadata": metadata,
+        "identifier": feedback.user_id or "",
+    }
+    if feedback.span_id is not None:
+        out.spans.append({"span_id": feedback.span_id, **item})
+    else:
+        out.unplaced.append((feedback.trace_id, item))
+    return out
 
 
 def _metric_fields(span: Span) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -266,6 +318,8 @@ class PhoenixExporter(OtlpHttpExporter):
             self._headers["Authorization"] = auth
             self._rest_headers["Authorization"] = auth
         self._session_turns: OrderedDict[tuple[str, str], int] = OrderedDict()
+        #: trace id hex -> root span id hex of the latest traces sent.
+        self._roots: OrderedDict[str, str] = OrderedDict()
         self._annotating: set[asyncio.Task[None]] = set()
         self._rest: aiohttp.ClientSession | None = None
         self._session_posts = asyncio.Lock()
@@ -310,6 +364,16 @@ class PhoenixExporter(OtlpHttpExporter):
                 for span in group.spans:
                     if _EVAL_MARK in span.SerializeToString():
                         read_annotations(span, into=annotations)
+        # Root spans are remembered for feedback that names a trace only.
+        feedback = _FEEDBACK_MARK in raw
+        for group in groups:
+            for span in group.spans:
+                if not span.parent_span_id:
+                    annotations.roots[span.trace_id.hex()] = span.span_id.hex()
+                elif (
+                    feedback and span.name == semconv.FEEDBACK_SPAN_NAME and is_feedback_span(span)
+                ):
+                    read_feedback(span, group.resource, into=annotations)
         body = _Body(self._compress(raw))
         body.annotations = annotations
         body.empty = not kept
@@ -318,8 +382,39 @@ class PhoenixExporter(OtlpHttpExporter):
     def _encoded(self, payload: bytes) -> bytes:
         # Choosing among the annotations reads this exporter's state: on the loop.
         assert isinstance(payload, _Body)
+        self._place(payload.annotations)
         payload.annotations = self._select(payload.annotations)
         return payload
+
+    def _place(self, annotations: PhoenixAnnotations) -> None:
+        """Remember the batch's root spans; put feedback sent with a trace id only on
+        its trace's root span, or count it skipped when that span is not known.  Of
+        several feedback with one key (span, name, user) in a batch, the last is sent:
+        it replaces the others anyway."""
+        roots = self._roots
+        for trace_id, span_id in annotations.roots.items():
+            roots[trace_id] = span_id
+            roots.move_to_end(trace_id)
+        while len(roots) > _MAX_ROOTS:
+            roots.popitem(last=False)
+        for trace_id, item in annotations.unplaced:
+            root = roots.get(trace_id)
+            if root is None:
+                self._count("span", "no_span", 1)
+                continue
+            annotations.spans.append({"span_id": root, **item})
+        annotations.unplaced = []
+        human: dict[tuple[str, str, str], int] = {}
+        for index, item in enumerate(annotations.spans):
+            if item["annotator_kind"] == "HUMAN":
+                human[(item["span_id"], item["name"], item["identifier"])] = index
+        if len(human) < sum(1 for i in annotations.spans if i["annotator_kind"] == "HUMAN"):
+            kept = set(human.values())
+            annotations.spans = [
+                item
+                for index, item in enumerate(annotations.spans)
+                if item["annotator_kind"] != "HUMAN" or index in kept
+            ]
 
     def _select(self, annotations: PhoenixAnnotations) -> PhoenixAnnotations:
         """Apply the config switches; keep only the latest turn's conversation score."""

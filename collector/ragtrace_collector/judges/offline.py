@@ -6,7 +6,9 @@ It answers every judge task of :mod:`ragtrace_collector.judges.base` with:
 * content words: lower-cased word tokens minus English stopwords, lightly stemmed
   (``capitals`` ~ ``capital``, ``located`` ~ ``locate``);
 * coverage: the share of a statement's content words found in a text;
-* entities: capitalised phrases (``Taj Mahal``, ``Bank of America``) and numbers.
+* entities: capitalised phrases (``Taj Mahal``, ``Bank of America``) and numbers, read
+  sentence by sentence (a lone capitalised word opening a sentence is not a name unless
+  the word itself says so: ``NASA``, ``OpenAI``).
 
 Rules (``COVERAGE`` = 0.5):
 
@@ -189,9 +191,13 @@ def _negated(text: str) -> bool:
     return any(t in _NEGATIONS or t.endswith("n't") for t in _tokens(text))
 
 
-def _emit_phrase(
-    phrase: list[str], starts_sentence: bool, lowered: set[str], found: dict[str, None]
-) -> None:
+def _reads_as_name(word: str) -> bool:
+    """A single capitalised word at the start of a sentence: a name only when the word
+    itself says so (``NASA``, ``McDonald``, ``OpenAI``)."""
+    return (len(word) > 1 and word.isupper()) or any(c.isupper() for c in word[1:])
+
+
+def _emit_phrase(phrase: list[str], starts_sentence: bool, found: dict[str, None]) -> None:
     words = list(phrase)
     while words and words[0].lower() in _ARTICLES:
         words.pop(0)
@@ -199,23 +205,25 @@ def _emit_phrase(
         words.pop()
     if not words:
         return
-    low = words[0].lower()
     if len(words) == 1:
-        if low in _STOPWORDS:
+        if words[0].lower() in _STOPWORDS:
             return
-        # A capitalised first word is usually just the start of the sentence.
-        if (
-            starts_sentence
-            and len(phrase) == 1
-            and (low in lowered or low.endswith(("ed", "ing", "ly")))
-        ):
+        # A sentence's first word is capitalised whatever it is ("Card refunds are ...",
+        # "Reset the password ..."): alone, it is not read as a name.  The rule looks at
+        # the word only, never at the rest of the text, so the same sentence gives the
+        # same entities in every text (the reference and each retrieved chunk alike).
+        if starts_sentence and len(phrase) == 1 and not _reads_as_name(words[0]):
             return
     found.setdefault(" ".join(words), None)
 
 
 def extract_entities(text: str) -> list[str]:
-    """Unique capitalised phrases and numbers, in order of first appearance."""
-    lowered = {m.group(0) for m in _WORD.finditer(text) if m.group(0).islower()}
+    """Unique capitalised phrases and numbers, in order of first appearance.
+
+    Each sentence is read on its own: the entities of a text are the union of the
+    entities of its sentences (:func:`split_sentences`), so a sentence that the
+    reference and a retrieved chunk share gives both the same entities.
+    """
     found: dict[str, None] = {}
     for sentence in split_sentences(text):
         phrase: list[str] = []
@@ -226,13 +234,13 @@ def extract_entities(text: str) -> list[str]:
             adjacent = last_end >= 0 and sentence[last_end : m.start()].strip() == ""
             if token[0].isdigit():
                 if phrase:
-                    _emit_phrase(phrase, starts_sentence, lowered, found)
+                    _emit_phrase(phrase, starts_sentence, found)
                     phrase = []
                 number = _NUMBER.match(token)
                 found.setdefault(number.group(0) if number else token, None)
             elif token[0].isupper():
                 if phrase and not adjacent:
-                    _emit_phrase(phrase, starts_sentence, lowered, found)
+                    _emit_phrase(phrase, starts_sentence, found)
                     phrase = []
                 if not phrase:
                     starts_sentence = index == 0
@@ -240,11 +248,11 @@ def extract_entities(text: str) -> list[str]:
             elif phrase and adjacent and token in _NAME_CONNECTORS:
                 phrase.append(token)
             elif phrase:
-                _emit_phrase(phrase, starts_sentence, lowered, found)
+                _emit_phrase(phrase, starts_sentence, found)
                 phrase = []
             last_end = m.end()
         if phrase:
-            _emit_phrase(phrase, starts_sentence, lowered, found)
+            _emit_phrase(phrase, starts_sentence, found)
     return list(found)
 
 

@@ -97,6 +97,11 @@ class Metric(Protocol):
     @property
     def options(self) -> MetricOptions: ...
 
+    @property
+    def threshold(self) -> float:
+        """A score passes at or above it (1.0 when ``strict``)."""
+        ...
+
     def missing_inputs(self, case: RAGCase) -> str | None:
         """Why ``case`` cannot be scored (the skip reason), or None."""
         ...
@@ -497,6 +502,23 @@ class JudgeFreeMetric(MetricBase):
 # ------------------------------------------------------------------- helpers
 def blank(text: str | None) -> bool:
     return text is None or not text.strip()
+
+
+def no_input(case: RAGCase) -> str | None:
+    """Why ``case`` has no input to judge (the skip reason), or None when it has one:
+    what was recorded instead when the collector could not read it as text."""
+    if not blank(case.input):
+        return None
+    return f"no input: {case.input_unreadable}" if case.input_unreadable else "no input"
+
+
+def no_output(case: RAGCase) -> str | None:
+    """As :func:`no_input`, for the answer (``actual_output``)."""
+    if not blank(case.actual_output):
+        return None
+    if case.output_unreadable:
+        return f"no actual_output: {case.output_unreadable}"
+    return "no actual_output"
 
 
 def plural(n: int, word: str) -> str:

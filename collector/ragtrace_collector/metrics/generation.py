@@ -18,7 +18,8 @@ from ragtrace_collector.metrics.base import (
     MetricBase,
     Outcome,
     Run,
-    blank,
+    no_input,
+    no_output,
     normalise_verdict,
     plural,
     share_outcome,
@@ -38,8 +39,9 @@ class Faithfulness(MetricBase):
     name = "faithfulness"
 
     def missing_inputs(self, case: RAGCase) -> str | None:
-        if blank(case.actual_output):
-            return "no actual_output"
+        missing = no_output(case)
+        if missing is not None:
+            return missing
         if case.retrieval_context is None:
             return "no retrieval_context captured"
         if not case.retrieval_context:
@@ -79,11 +81,7 @@ class AnswerRelevancy(MetricBase):
     name = "answer_relevancy"
 
     def missing_inputs(self, case: RAGCase) -> str | None:
-        if blank(case.input):
-            return "no input"
-        if blank(case.actual_output):
-            return "no actual_output"
-        return None
+        return no_input(case) or no_output(case)
 
     async def _score(self, case: RAGCase, run: Run) -> Outcome:
         assert case.input is not None

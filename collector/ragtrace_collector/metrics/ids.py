@@ -8,7 +8,9 @@ Ids compare as ``str(id)`` in sets (duplicates collapse, ``1`` equals ``"1"``).
 
 An empty denominator, or an empty reference id list, is *skipped*; so is a case whose
 retrieved ids the collector found to be of another kind than the reference ids
-(``RAGCase.retrieved_ids_mismatch``: framework-generated UUIDs against document names).
+(``RAGCase.retrieved_ids_mismatch``: framework-generated UUIDs, file names or chunk
+ids against document names), or whose documents carry no id (the reason then says
+where the trace holds ids, and the setting that reads them).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ class _IDMetric(JudgeFreeMetric):
         if not case.reference_context_ids:
             return "reference_context_ids is empty"
         if case.retrieved_ids() is None:
-            return "no retrieved document ids captured"
+            # the case builder says what in the trace could give them an id
+            return case.retrieved_ids_mismatch or "no retrieved document ids captured"
         if case.retrieved_ids_mismatch:
             return case.retrieved_ids_mismatch
         return None

@@ -23,6 +23,7 @@ from ragtrace_collector.metrics.base import (
     Run,
     average_precision,
     blank,
+    no_input,
     normalise_verdict,
     order_by_node,
     with_judge_reason,
@@ -74,15 +75,19 @@ class ContextualPrecision(MetricBase):
         return None
 
     def missing_inputs(self, case: RAGCase) -> str | None:
-        if blank(case.input):
-            return "no input"
+        missing = no_input(case)
+        if missing is not None:
+            return missing
         if self._reference(case) is None:
             wanted = {
                 "expected_output": "no expected_output",
                 "actual_output": "no actual_output (reference=actual_output)",
                 "auto": "neither expected_output nor actual_output",
             }
-            return wanted[self.options.reference]
+            reason = wanted[self.options.reference]
+            if case.output_unreadable and self.options.reference != "expected_output":
+                reason += f" (the answer: {case.output_unreadable})"
+            return reason
         if case.retrieval_context is None:
             return "no retrieval_context captured"
         if not case.retrieval_context:

@@ -16,7 +16,7 @@ from ragtrace_collector.metrics.base import (
     MetricBase,
     Outcome,
     Run,
-    blank,
+    no_input,
     normalise_verdict,
     order_by_node,
     plural,
@@ -68,8 +68,9 @@ class ContextualRelevancy(MetricBase):
     name = "contextual_relevancy"
 
     def missing_inputs(self, case: RAGCase) -> str | None:
-        if blank(case.input):
-            return "no input"
+        missing = no_input(case)
+        if missing is not None:
+            return missing
         if case.retrieval_context is None:
             return "no retrieval_context captured"
         if not case.retrieval_context:

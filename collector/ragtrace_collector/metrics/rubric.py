@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 from ragtrace_collector.cases import RAGCase
 from ragtrace_collector.judges.base import RubricRequest
-from ragtrace_collector.metrics.base import MetricBase, Outcome, Run, blank
+from ragtrace_collector.metrics.base import MetricBase, Outcome, Run, blank, no_input
 
 __all__ = ["ContextPrecisionRubric", "ContextRecallRubric"]
 
@@ -22,8 +22,9 @@ class _Rubric(MetricBase):
     rubric: ClassVar[Literal["precision", "recall"]]
 
     def missing_inputs(self, case: RAGCase) -> str | None:
-        if blank(case.input):
-            return "no input"
+        missing = no_input(case)
+        if missing is not None:
+            return missing
         if case.retrieval_context is None:
             return "no retrieval_context captured"
         return self._missing_reference(case)

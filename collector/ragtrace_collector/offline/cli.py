@@ -35,14 +35,21 @@ from ragtrace_collector.metrics import (
     UnknownMetricError,
     build_metrics,
 )
+from ragtrace_collector.offline.feedback import FeedbackReport
 from ragtrace_collector.offline.gate import QualityGate, parse_fail_under
-from ragtrace_collector.offline.loaders import DatasetError, accepted_fields, load_dataset
+from ragtrace_collector.offline.loaders import (
+    DatasetError,
+    accepted_fields,
+    check_feedback_column,
+    load_dataset,
+)
 from ragtrace_collector.offline.runner import (
     EvalReport,
     ItemResult,
     applicable_metrics,
     evaluate,
     make_judge_for,
+    missing_columns,
 )
 
 __all__ = ["EXIT_CODES", "epilog", "eval_command"]
@@ -56,8 +63,8 @@ EXIT_CODES = {
     EXIT_PROBLEMS: "some rows were bad (reported with line and field, skipped; the other "
     "rows were evaluated) or some results are errors (e.g. judge failures)",
     EXIT_USAGE: "nothing was evaluated: bad path, empty file, unsupported format, unknown "
-    "metric, invalid option, or a config file that cannot be read or is invalid (2 in "
-    "every command)",
+    "metric, invalid option, a field that no row has while a chosen metric needs it, or a "
+    "config file that cannot be read or is invalid (2 in every command)",
     EXIT_GATE: "the quality gate failed (--fail-under, --fail-on-case-failure), or a "
     "metric it gates scored no row (unless --allow-unscored); 1 wins when rows were bad too",
     EXIT_INTERRUPTED: "interrupted",
@@ -166,6 +173,39 @@ def _table(report: EvalReport) -> Table:
     return table
 
 
+def _feedback_table(feedback: FeedbackReport) -> Table:
+    """Each metric's agreement with the labels, best AUROC first."""
+    table = Table(
+        title=(
+            f"agreement with {feedback.column!r} - {feedback.labelled} labelled rows "
+            f"({feedback.negatives} negative)"
+        ),
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("metric", overflow="fold", ratio=1, min_width=12)
+    for col in ("AUROC", "95% interval", "kappa", "rows"):
+        table.add_column(col, justify="right", no_wrap=True, overflow="ignore")
+    ranked = sorted(
+        feedback.metrics.items(),
+        key=lambda kv: (kv[1].auroc is None, -(kv[1].auroc or 0.0), kv[0]),
+    )
+    for name, a in ranked:
+        interval = (
+            "-"
+            if a.auroc_low is None or a.auroc_high is None
+            else f"{a.auroc_low:.2f}-{a.auroc_high:.2f}"
+        )
+        kappa = "-" if a.kappa is None else f"{a.kappa:+.2f}"
+        auroc = "-" if a.auroc is None else f"{a.auroc:.3f}"
+        table.add_row(name, auroc, interval, kappa, str(a.pairs))
+    table.caption = (
+        "AUROC: how often a negatively labelled row scored lower than a positive one "
+        "(0.5 is chance); kappa: pass/fail at the threshold against the labels"
+    )
+    return table
+
+
 def _open_output(path: Path | None) -> IO[str] | None:
     if path is None:
         return None
@@ -206,6 +246,14 @@ def _gate(args: argparse.Namespace) -> QualityGate:
     )
 
 
+def _missing_line(fld: str, metrics: Sequence[str]) -> str:
+    """ "no row has the field 'input' (or user_input, ...), which X and Y need"."""
+    names = accepted_fields().get(fld, (fld,))
+    aliases = f" (or {', '.join(names[1:])})" if len(names) > 1 else ""
+    verb = "needs" if len(metrics) == 1 else "need"
+    return f"no row has the field {fld!r}{aliases}, which {', '.join(metrics)} {verb}"
+
+
 def _output_rows(report: EvalReport) -> list[dict[str, Any]]:
     """The ``--output`` lines: results and bad rows, in input order."""
     rows = [(item.line or 0, item.index, item.to_json_dict()) for item in report.items]
@@ -226,6 +274,12 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     gate = _gate(args)
     if args.max_row_size is not None and args.max_row_size < 1:
         raise _UsageError("--max-row-size must be >= 1")
+    feedback_column: str | None = getattr(args, "feedback_column", None)
+    if feedback_column is not None:
+        try:
+            check_feedback_column(feedback_column)
+        except ValueError as exc:
+            raise _UsageError(f"--feedback-column: {exc}") from None
     concurrency = args.concurrency if args.concurrency is not None else 8
     if concurrency < 1:
         raise _UsageError("--concurrency must be >= 1")
@@ -260,7 +314,12 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     output = _open_output(args.output)
 
     try:
-        loaded = load_dataset(data, format=args.format, max_row_size=args.max_row_size)
+        loaded = load_dataset(
+            data,
+            format=args.format,
+            max_row_size=args.max_row_size,
+            feedback_column=feedback_column,
+        )
     except DatasetError as exc:
         if output is not None:
             output.close()
@@ -270,6 +329,22 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     for problem in loaded.errors:
         err.print(
             f"[red]bad row:[/] {escape(str(data))}: {escape(str(problem))}",
+            markup=True,
+            highlight=False,
+        )
+    unmet = missing_columns(metrics, loaded.items)
+    if unmet and (args.metrics is not None or config_names is not None):
+        if output is not None:
+            output.close()
+        raise _UsageError(
+            f"{data}: "
+            + "; ".join(_missing_line(fld, names) for fld, names in unmet.items())
+            + ". These metrics would be skipped on every row: add the field, or leave them "
+            "out of --metrics"
+        )
+    for fld, names in unmet.items():
+        err.print(
+            f"[yellow]warning:[/] {escape(_missing_line(fld, names))}: left out",
             markup=True,
             highlight=False,
         )
@@ -298,6 +373,8 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
                     concurrency,
                     lines=loaded.lines,
                     on_item=advance,
+                    feedback=loaded.feedback if loaded.feedback_column is not None else None,
+                    feedback_column=loaded.feedback_column or "feedback",
                 )
             )
         report.row_errors = list(loaded.errors)
@@ -309,6 +386,9 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
         if output is not None:
             output.close()
 
+    if report.feedback is not None:
+        for note in report.feedback.describe_problems():
+            err.print(f"[yellow]warning:[/] {escape(note)}", markup=True, highlight=False)
     failures = gate.check(report) if gate.active else []
     if args.json:
         summary = report.summary_dict()
@@ -317,6 +397,8 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
         out.print_json(json.dumps(summary))
     else:
         out.print(_table(report))
+        if report.feedback is not None:
+            out.print(_feedback_table(report.feedback))
         if args.output is not None:
             out.print(f"per-item results: {args.output}", highlight=False)
     status = EXIT_OK

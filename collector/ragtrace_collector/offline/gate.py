@@ -7,9 +7,10 @@
 
 Means are over scored results only (skips and errors do not count, see
 :func:`ragtrace_collector.offline.runner.summarise`).  So a gated metric (named in
-``per_metric``, or any metric under ``fail_under``) that scored no row at all fails the
-gate, with its most common skip reason: a gate never passes on no data.
-``allow_unscored`` lets such a metric pass (it then gates nothing).
+``per_metric``, any metric under ``fail_under``, every metric under
+``fail_on_case_failure``) that scored no row at all fails the gate, with its most
+common skip reason: a gate never passes on no data.  ``allow_unscored`` lets such a
+metric pass (it then gates nothing).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class QualityGate:
     def check(self, report: EvalReport) -> list[str]:
         """Why the report fails the gate, one line per reason; empty when it passes."""
         failures: list[str] = []
+        unscored: set[str] = set()
         gated = {name: self.fail_under for name in report.metrics} | dict(self.per_metric)
         for name, floor in gated.items():
             if floor is None:
@@ -79,12 +81,17 @@ class QualityGate:
             summary = report.summary.get(name)
             mean = summary.mean if summary is not None else None
             if mean is None:
+                unscored.add(name)
                 if not self.allow_unscored:
-                    failures.append(_unscored(name, floor, report))
+                    failures.append(_unscored(name, f"to compare with {floor:g}", report))
             elif mean < floor:
                 failures.append(f"{name}: mean {mean:.4f} is under {floor:g}")
         if self.fail_on_case_failure:
             for name in report.metrics:
+                if not report.summary[name].scored and name not in unscored:
+                    if not self.allow_unscored:
+                        failures.append(_unscored(name, "to check against its threshold", report))
+                    continue
                 failed = report.summary[name].failed
                 if failed:
                     where = [
@@ -99,11 +106,12 @@ class QualityGate:
         return failures
 
 
-def _unscored(name: str, floor: float, report: EvalReport) -> str:
-    """The failure line of a gated metric without a single scored row."""
+def _unscored(name: str, against: str, report: EvalReport) -> str:
+    """The failure line of a gated metric without a single scored row (``against``:
+    what the scores were for, e.g. "to compare with 0.7")."""
     summary = report.summary.get(name)
     if summary is None or not summary.count:
-        return f"{name}: no scored rows to compare with {floor:g} (the metric did not run)"
+        return f"{name}: no scored rows {against} (the metric did not run)"
     reasons: Counter[str] = Counter()
     errors: Counter[str] = Counter()
     for item in report.items:
@@ -115,7 +123,7 @@ def _unscored(name: str, floor: float, report: EvalReport) -> str:
         elif r.error:
             errors[r.error] += 1
     parts = [f"{summary.skipped} skipped", f"{summary.errors} error(s)"]
-    line = f"{name}: no scored rows to compare with {floor:g} ({', '.join(parts)})"
+    line = f"{name}: no scored rows {against} ({', '.join(parts)})"
     if reasons:
         reason, count = reasons.most_common(1)[0]
         line += f"; most common skip reason ({count}x): {reason}"

@@ -68,6 +68,7 @@ __all__ = [
     "LoadResult",
     "RowError",
     "accepted_fields",
+    "check_feedback_column",
     "load_dataset",
     "load_rows",
     "parse_csv",
@@ -150,6 +151,16 @@ def accepted_fields() -> dict[str, tuple[str, ...]]:
     return {**_CASE_FIELDS, **{k: v for k, v in _CONVERSATION_FIELDS.items() if k != "case_id"}}
 
 
+def check_feedback_column(name: str) -> str:
+    """``name`` if it can hold labels; ``ValueError`` if it is empty or a case field."""
+    taken = {n for names in (*_CASE_FIELDS.values(), *_CONVERSATION_FIELDS.values()) for n in names}
+    if not name:
+        raise ValueError("the feedback column needs a name")
+    if name in taken:
+        raise ValueError(f"the feedback column {name!r} is a field of the cases; name another")
+    return name
+
+
 class DatasetError(Exception):
     """The file as a whole cannot be read (missing, unreadable, not JSON at all)."""
 
@@ -185,6 +196,15 @@ class LoadResult:
     #: Each distinct warning and the lines (or rows) it was given for.
     warning_lines: dict[str, list[int]] = field(default_factory=dict)
     unit: str = "line"
+    #: A column of human labels (:func:`check_feedback_column`), not a case field.
+    feedback_column: str | None = None
+    #: With a ``feedback_column``: each item's raw cell in that column (None when the
+    #: row has none), aligned with ``items``.
+    feedback: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.feedback_column is not None:
+            check_feedback_column(self.feedback_column)
 
     def grouped_warnings(self, shown: int = 5) -> list[str]:
         """One line per distinct warning: ``"unknown field 'x' ignored (lines 1, 2, 3)"``."""
@@ -218,10 +238,13 @@ def load_dataset(
     *,
     format: str | None = None,
     max_row_size: int | None = DEFAULT_MAX_ROW_SIZE,
+    feedback_column: str | None = None,
 ) -> LoadResult:
     """Load ``path`` as ``format`` (one of :data:`FORMATS`; None: from the file name,
     else sniffed).  Raises :class:`DatasetError` when nothing can be read: a missing,
-    empty or unreadable file, an unsupported format, a file with no rows."""
+    empty or unreadable file, an unsupported format, a file with no rows.
+
+    ``feedback_column``: a column of human labels, kept raw in ``result.feedback``."""
     p = Path(path)
     if not p.exists():
         raise DatasetError(f"{p}: no such file")
@@ -231,7 +254,9 @@ def load_dataset(
         raise DatasetError(f"unsupported format {format!r}: expected one of {', '.join(FORMATS)}")
     style = format or _SUFFIXES.get(p.suffix.lower())
     if style == "parquet":
-        result = load_rows(_parquet_rows(p), max_row_size=max_row_size)
+        result = load_rows(
+            _parquet_rows(p), max_row_size=max_row_size, feedback_column=feedback_column
+        )
     else:
         try:
             text = p.read_text(encoding="utf-8-sig")
@@ -242,20 +267,31 @@ def load_dataset(
         if style is None:
             style = _sniff(text, p)
         if style == "csv":
-            result = parse_csv(text, source=str(p), max_row_size=max_row_size)
+            result = parse_csv(
+                text, source=str(p), max_row_size=max_row_size, feedback_column=feedback_column
+            )
         else:
-            result = parse_text(text, style=style, source=str(p), max_row_size=max_row_size)
+            result = parse_text(
+                text,
+                style=style,
+                source=str(p),
+                max_row_size=max_row_size,
+                feedback_column=feedback_column,
+            )
     if not result.items and not result.errors:
         raise DatasetError(f"{p}: no rows")
     return result
 
 
 def load_rows(
-    rows: Iterable[Mapping[str, Any]], *, max_row_size: int | None = DEFAULT_MAX_ROW_SIZE
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    max_row_size: int | None = DEFAULT_MAX_ROW_SIZE,
+    feedback_column: str | None = None,
 ) -> LoadResult:
     """Rows already parsed (a ``datasets.Dataset``, ``DataFrame.to_dict("records")``,
     Parquet rows), numbered from 1 as "row N", with the field names of files."""
-    result = LoadResult(unit="row")
+    result = LoadResult(unit="row", feedback_column=feedback_column)
     for number, row in enumerate(rows, start=1):
         _add_row(result, number, row, max_row_size)
     return result
@@ -276,10 +312,14 @@ def _parquet_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def parse_csv(
-    text: str, *, source: str = "<data>", max_row_size: int | None = DEFAULT_MAX_ROW_SIZE
+    text: str,
+    *,
+    source: str = "<data>",
+    max_row_size: int | None = DEFAULT_MAX_ROW_SIZE,
+    feedback_column: str | None = None,
 ) -> LoadResult:
     """CSV with a header row of field names; list fields hold JSON in their cell."""
-    result = LoadResult()
+    result = LoadResult(feedback_column=feedback_column)
     # A long context is a long cell: csv's default cap (131,072 characters) would stop
     # the whole file; the row size guard below is the limit that applies.
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
@@ -363,9 +403,10 @@ def parse_text(
     style: str = "jsonl",
     source: str = "<data>",
     max_row_size: int | None = DEFAULT_MAX_ROW_SIZE,
+    feedback_column: str | None = None,
 ) -> LoadResult:
     """Parse dataset text (``style`` is ``"jsonl"`` or ``"json"``)."""
-    result = LoadResult()
+    result = LoadResult(feedback_column=feedback_column)
     rows = _jsonl_rows(text, result) if style == "jsonl" else _json_rows(text, source)
     for line, row in rows:
         _add_row(result, line, row, max_row_size)
@@ -453,6 +494,11 @@ def _cases_array(
 # ---------------------------------------------------------------- row level
 def _add_row(result: LoadResult, line: int, row: Any, max_row_size: int | None) -> None:
     unit = result.unit
+    feedback_column = result.feedback_column
+    label: Any = None
+    if feedback_column is not None and isinstance(row, Mapping) and feedback_column in row:
+        label = row[feedback_column]
+        row = {k: v for k, v in row.items() if k != feedback_column}
     try:
         if max_row_size is not None:
             size = _text_size(row)
@@ -469,6 +515,8 @@ def _add_row(result: LoadResult, line: int, row: Any, max_row_size: int | None) 
         return
     result.items.append(item)
     result.lines.append(line)
+    if feedback_column is not None:
+        result.feedback.append(label)
     for w in warnings:
         result.warnings.append(f"{unit} {line}: {w}")
         result.warning_lines.setdefault(w, []).append(line)

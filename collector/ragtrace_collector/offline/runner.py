@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from ragtrace_collector.cases import Conversation, RAGCase
+from ragtrace_collector.cases import ContextItem, Conversation, RAGCase
 from ragtrace_collector.judges.base import Judge
 from ragtrace_collector.metrics import (
     METRIC_NAMES,
@@ -37,6 +37,7 @@ from ragtrace_collector.metrics import (
     build_metrics,
     parse_metric_names,
 )
+from ragtrace_collector.offline.feedback import FeedbackReport, measure_feedback
 from ragtrace_collector.offline.loaders import (
     DEFAULT_MAX_ROW_SIZE,
     LoadResult,
@@ -48,12 +49,14 @@ from ragtrace_collector.results import Cost, MetricResult, trusted
 
 __all__ = [
     "EvalReport",
+    "FeedbackReport",
     "ItemResult",
     "MetricSummary",
     "applicable_metrics",
     "evaluate",
     "evaluate_file",
     "evaluate_rows",
+    "missing_columns",
     "summarise",
 ]
 
@@ -119,6 +122,8 @@ class EvalReport(BaseModel):
     row_errors: list[RowError] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     elapsed_s: float = 0.0
+    #: Each metric's agreement with a column of human labels (``feedback_column``).
+    feedback: FeedbackReport | None = None
     #: The items of a judge-free batch, until someone reads ``items`` (see _Pending).
     _pending: _Pending | None = PrivateAttr(default=None)
 
@@ -197,6 +202,7 @@ class EvalReport(BaseModel):
             "elapsed_s": round(self.elapsed_s, 3),
             "cost": cost.model_dump(mode="json"),
             "metrics": {k: v.model_dump(mode="json") for k, v in self.summary.items()},
+            **({"feedback": self.feedback.model_dump(mode="json")} if self.feedback else {}),
         }
 
 
@@ -324,6 +330,61 @@ def applicable_metrics(metrics: Sequence[Metric], items: Sequence[Item]) -> list
                 keep.append(metric)
                 break
     return keep
+
+
+#: A case with every field given: what each metric needs is what it misses once one
+#: field is taken away (each metric's own ``missing_inputs``, not a second list).
+_FULL_CASE = RAGCase(
+    input="q",
+    actual_output="a",
+    expected_output="e",
+    retrieval_context=[ContextItem(content="c", id="d")],
+    reference_contexts=["c"],
+    reference_context_ids=["d"],
+)
+#: The case fields a row may lack, each with what taking it away from the full case
+#: means (the retrieved ids are the ids of ``retrieval_context`` when not given apart).
+_PROBES: dict[str, dict[str, Any]] = {
+    "input": {"input": None},
+    "actual_output": {"actual_output": None},
+    "expected_output": {"expected_output": None},
+    "retrieval_context": {"retrieval_context": None},
+    "reference_contexts": {"reference_contexts": None},
+    "reference_context_ids": {"reference_context_ids": None},
+    "retrieved_context_ids": {"retrieval_context": [ContextItem(content="c")]},
+}
+
+
+def _lacks(case: RAGCase, fld: str) -> bool:
+    if fld == "retrieved_context_ids":
+        return case.retrieved_ids() is None
+    value = getattr(case, fld)
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def missing_columns(metrics: Sequence[Metric], items: Sequence[Item]) -> dict[str, list[str]]:
+    """``{field: [metric, ...]}``: each case field that *no* case of ``items`` gives,
+    with the metrics of ``metrics`` that need it and so could score no case.
+
+    What a metric needs is read from the metric itself (its ``missing_inputs`` on a case
+    with every field, then without one).  Conversations are not looked at; a metric that
+    scores some case is never listed."""
+    cases = [i for i in items if isinstance(i, RAGCase)]
+    if not cases:
+        return {}
+    absent = [f for f in _PROBES if all(_lacks(c, f) for c in cases)]
+    found: dict[str, list[str]] = {}
+    if not absent:
+        return found
+    for metric in metrics:
+        if metric.kind != "case" or metric.missing_inputs(_FULL_CASE) is not None:
+            continue
+        if any(metric.missing_inputs(c) is None for c in cases):
+            continue
+        for fld in absent:
+            if metric.missing_inputs(_FULL_CASE.model_copy(update=_PROBES[fld])) is not None:
+                found.setdefault(fld, []).append(metric.name)
+    return found
 
 
 async def _measure(metric: Metric, item: Item, judge: Judge | None) -> MetricResult | None:
@@ -489,6 +550,8 @@ async def evaluate(
     options: Mapping[str, MetricOptions | Mapping[str, Any]] | None = None,
     defaults: Mapping[str, Any] | None = None,
     on_item: Callable[[ItemResult], None] | None = None,
+    feedback: Sequence[object] | None = None,
+    feedback_column: str = "feedback",
 ) -> EvalReport:
     """Evaluate ``items`` with ``metrics`` (instances or names; None: the default
     set) using ``judge``.  Case metrics run on cases, conversation metrics on
@@ -499,12 +562,42 @@ async def evaluate(
     pass that yields to the event loop every few milliseconds.  Without ``on_item``,
     such a batch computes the scores and the summary only; ``report.items`` is built
     from them when first read (``report.scores(metric)`` reads the scores without).
+
+    ``feedback``: one human label per item (a bool, a number in [0, 1], text such as
+    ``"true"``; None where there is none); ``report.feedback`` then holds each
+    metric's agreement with them (:mod:`ragtrace_collector.offline.feedback`).
     """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     started = time.perf_counter()
     todo = list(items)
+    if feedback is not None and len(feedback) != len(todo):
+        raise ValueError(f"{len(feedback)} feedback labels for {len(todo)} items")
     chosen = _resolve_metrics(metrics, judge=judge, options=options, defaults=defaults)
+    report = await _evaluate_chosen(todo, chosen, judge, concurrency, lines, on_item, started)
+    if feedback is not None:
+        # Sorting every metric's scores: off the loop, which may serve a progress bar.
+        report.feedback = await asyncio.to_thread(
+            measure_feedback,
+            feedback_column,
+            feedback,
+            report.metrics,
+            report.scores,
+            {m.name: m.threshold for m in chosen},
+            lines,
+        )
+    return report
+
+
+async def _evaluate_chosen(
+    todo: list[Item],
+    chosen: list[Metric],
+    judge: Judge | None,
+    concurrency: int,
+    lines: Sequence[int] | None,
+    on_item: Callable[[ItemResult], None] | None,
+    started: float,
+) -> EvalReport:
     now = [isinstance(m, JudgeFreeMetric) and m.kind == "case" for m in chosen]
     results: list[ItemResult | None] = [None] * len(todo)
 
@@ -638,6 +731,7 @@ def evaluate_file(
     only_applicable: bool | None = None,
     format: str | None = None,
     max_row_size: int | None = DEFAULT_MAX_ROW_SIZE,
+    feedback_column: str | None = None,
 ) -> EvalReport:
     """Load ``path`` (JSONL, JSON, CSV or Parquet) and evaluate it (synchronous; for
     notebooks and CI).
@@ -646,9 +740,13 @@ def evaluate_file(
     default set restricted to the metrics the data can feed.  ``model`` is
     ``"offline"`` or a litellm model string (ignored when ``judge`` is given).
     Bad rows (and rows over ``max_row_size`` characters) do not stop the evaluation:
-    they are in ``report.row_errors``.
+    they are in ``report.row_errors``.  ``feedback_column``: a column of human labels
+    (bool or number per row); ``report.feedback`` then says how well each metric
+    agrees with them.
     """
-    loaded = load_dataset(path, format=format, max_row_size=max_row_size)
+    loaded = load_dataset(
+        path, format=format, max_row_size=max_row_size, feedback_column=feedback_column
+    )
     return _evaluate_loaded(
         loaded, metrics, model, concurrency, threshold, options, judge, only_applicable
     )
@@ -665,11 +763,12 @@ def evaluate_rows(
     judge: Judge | None = None,
     only_applicable: bool | None = None,
     max_row_size: int | None = DEFAULT_MAX_ROW_SIZE,
+    feedback_column: str | None = None,
 ) -> EvalReport:
     """:func:`evaluate_file` for rows already in memory: a Hugging Face
     ``datasets.Dataset`` (its rows are mappings), ``DataFrame.to_dict("records")`` or a
     list of dicts, with the field names of the files.  Rows are numbered from 1."""
-    loaded = load_rows(rows, max_row_size=max_row_size)
+    loaded = load_rows(rows, max_row_size=max_row_size, feedback_column=feedback_column)
     return _evaluate_loaded(
         loaded, metrics, model, concurrency, threshold, options, judge, only_applicable
     )
@@ -697,7 +796,15 @@ def _evaluate_loaded(
         chosen = applicable_metrics(chosen, loaded.items)
 
     report: EvalReport = _run_sync(
-        lambda: evaluate(loaded.items, chosen, judge, concurrency, lines=loaded.lines)
+        lambda: evaluate(
+            loaded.items,
+            chosen,
+            judge,
+            concurrency,
+            lines=loaded.lines,
+            feedback=loaded.feedback if loaded.feedback_column is not None else None,
+            feedback_column=loaded.feedback_column or "feedback",
+        )
     )
     report.row_errors = list(loaded.errors)
     report.warnings = loaded.grouped_warnings()

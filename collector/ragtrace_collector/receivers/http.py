@@ -17,6 +17,15 @@ queue full (back-pressure)             429     ``Retry-After``; retryable
 shutting down                          503     ``Retry-After``; retryable
 =====================================  ======  ======================================
 
+The same port serves ``POST /v1/feedback`` (user feedback as JSON,
+:mod:`ragtrace_collector.feedback.ingest`) when feedback is on: the same bearer token,
+its own body bound (``feedback.max_body``, 413) and rate bound (``feedback.rate``: 429
+with ``Retry-After``, checked before the body is read), 400 with a JSON error naming the
+field, 415 for a body that is not JSON, and 202 once the feedback span is as durable as
+an acknowledged span (written to the write-ahead log by the same
+:meth:`TraceConsumer.accept`); 429/503 when the pipeline refuses, as for OTLP.  Errors
+are ``{"error": {"field": ..., "message": ...}}``.
+
 aiohttp's automatic request decompression is off: the receiver inflates the body
 itself (:mod:`ragtrace_collector.receivers.decode`, off the event loop, within a budget
 of output size, gzip members and CPU), so a gzip bomb stops at ``max_request_bytes``
@@ -44,6 +53,13 @@ from ragtrace_collector.component.consumer import Refused, TraceConsumer
 from ragtrace_collector.component.logs import get_logger
 from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.configbase import split_host_port
+from ragtrace_collector.feedback.ingest import (
+    BadFeedback,
+    FeedbackIntake,
+    TokenBucket,
+    feedback_request,
+    parse_feedback,
+)
 from ragtrace_collector.otlp.codec import (
     CODE_INVALID_ARGUMENT,
     CODE_RESOURCE_EXHAUSTED,
@@ -66,6 +82,11 @@ __all__ = ["HttpReceiver", "server_ssl_context"]
 
 _PATH: Final = "/v1/traces"
 _RECEIVER: Final = "otlp_http"
+_FEEDBACK_PATH: Final = "/v1/feedback"
+_FEEDBACK: Final = "feedback_http"
+#: Content types ``POST /v1/feedback`` reads as JSON (``text/plain``: what a browser's
+#: ``navigator.sendBeacon`` sends for a string).
+_FEEDBACK_TYPES: Final = frozenset({CONTENT_TYPE_JSON, "text/plain"})
 
 
 def server_ssl_context(tls: ServerTLSConfig) -> ssl.SSLContext:
@@ -93,8 +114,14 @@ class HttpReceiver(Component):
         telemetry: Telemetry,
         grace: float = 5.0,
         decoder: Decoder | None = None,
+        feedback: FeedbackIntake | None = None,
     ) -> None:
         self._config = config
+        #: ``POST /v1/feedback`` is served when set.
+        self._feedback = feedback
+        self._bucket = TokenBucket(feedback.rate) if feedback is not None else None
+        #: Whether feedback is being refused for its rate (logged once per stretch).
+        self._throttling = False
         #: Shared with the gRPC receiver by the service; a private one otherwise.
         self._decoder = decoder if decoder is not None else Decoder()
         self._owns_decoder = decoder is None
@@ -118,6 +145,8 @@ class HttpReceiver(Component):
         self.report(Status.STARTING)
         app = web.Application(client_max_size=self._limit, middlewares=[self._head_received])
         app.router.add_post(_PATH, self._handle)
+        if self._feedback is not None:
+            app.router.add_post(_FEEDBACK_PATH, self._handle_feedback)
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -228,37 +257,132 @@ class HttpReceiver(Component):
             payload = split.payload if split.payload is not None else body
             await self._pipeline.accept(split, _RECEIVER, payload)
         except Refused as refused:
-            status = 503 if refused.reason == "shutting_down" else 429
+            status, retry_after = _retry_answer(refused)
             code = CODE_UNAVAILABLE if status == 503 else CODE_RESOURCE_EXHAUSTED
-            seconds = max(1, math.ceil(refused.retry_after))
             return self._encode(
                 status,
                 rpc_status(code, refused.message, retry_delay=refused.retry_after),
                 as_json,
-                {"Retry-After": str(seconds)},
+                retry_after,
             )
         return self._encode(
             200, export_response(split.rejected_spans, split.error_message), as_json
         )
 
-    async def _read_body(self, request: web.Request) -> bytes:
+    async def _read_body(self, request: web.Request, limit: int | None = None) -> bytes:
+        """The body, within ``read_timeout`` and ``limit`` bytes (default: the OTLP
+        bound, ``max_request_bytes``)."""
+        bound = self._limit if limit is None else limit
         length = request.content_length
-        if length is not None and length > self._limit:
+        if length is not None and length > bound:
             raise BodyError(
-                413, "too_large", f"body of {length} bytes exceeds the limit of {self._limit} bytes"
+                413, "too_large", f"body of {length} bytes exceeds the limit of {bound} bytes"
             )
         timeout = self._config.read_timeout
         try:
             async with asyncio.timeout(timeout):
-                return await request.read()
+                if limit is None:
+                    return await request.read()
+                body = await _read_at_most(request, bound + 1)
         except web.HTTPRequestEntityTooLarge:
-            raise BodyError(
-                413, "too_large", f"body exceeds the limit of {self._limit} bytes"
-            ) from None
+            raise BodyError(413, "too_large", f"body exceeds the limit of {bound} bytes") from None
         except TimeoutError:
             raise BodyError(
                 408, "read_timeout", f"the body did not arrive within {timeout}s"
             ) from None
+        if len(body) > bound:
+            raise BodyError(413, "too_large", f"body exceeds the limit of {bound} bytes")
+        return body
+
+    # --------------------------------------------------------------- feedback
+    async def _handle_feedback(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/feedback`` (see the module docstring)."""
+        assert self._feedback is not None
+        assert self._bucket is not None
+        if not self._auth.check(request.headers.get("Authorization")):
+            return self._feedback_error(
+                401,
+                "unauthenticated",
+                "authorization",
+                "missing or invalid bearer token",
+                {"WWW-Authenticate": "Bearer"},
+            )
+        # The rate bound comes before the body is read: a flood costs no memory.
+        wait = self._bucket.take(asyncio.get_running_loop().time())
+        if wait > 0:
+            self._feedback.invalid("rate_limited")
+            if not self._throttling:  # a flood is counted, and logged once
+                self._throttling = True
+                self._log.warning("feedback_rate_limited", rate=self._bucket.rate)
+            answer = self._feedback_error(
+                429,
+                "rate_limited",
+                "body",
+                "too many feedback requests (feedback.rate); retry later",
+                {"Retry-After": str(max(1, math.ceil(wait)))},
+                log=False,
+            )
+            length = request.content_length
+            if length is None or length > self._feedback.max_body:
+                # aiohttp would read the unread body to reuse the connection: only a
+                # small one, of a known size, is worth it (a flood keeps its
+                # connections instead of reconnecting).
+                answer.force_close()
+            return answer
+        if self._throttling:
+            self._throttling = False
+            self._log.info("feedback_rate_limit_over")
+        content_type = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if content_type not in _FEEDBACK_TYPES or encoding != "identity":
+            answer = self._feedback_error(
+                415,
+                "content_type",
+                "content-type",
+                f"send an uncompressed {CONTENT_TYPE_JSON} body",
+            )
+            answer.force_close()
+            return answer
+        try:
+            body = await self._read_body(request, self._feedback.max_body)
+        except BodyError as exc:
+            answer = self._feedback_error(exc.http_status, exc.reason, "body", exc.message)
+            answer.force_close()
+            return answer
+        try:
+            feedback = parse_feedback(body)
+        except BadFeedback as exc:
+            self._feedback.invalid(f"bad {exc.field}")
+            self._telemetry.requests_rejected.labels(_FEEDBACK, "malformed").inc()
+            return web.json_response(exc.answer(), status=400)
+        split, payload = feedback_request(feedback)
+        try:
+            await self._pipeline.accept(split, _FEEDBACK, payload)
+        except Refused as refused:
+            status, retry_after = _retry_answer(refused)
+            return web.json_response(
+                {"error": {"field": "body", "message": refused.message}},
+                status=status,
+                headers=retry_after,
+            )
+        return web.json_response({"status": "accepted"}, status=202)
+
+    def _feedback_error(
+        self,
+        status: int,
+        reason: str,
+        field: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+        *,
+        log: bool = True,
+    ) -> web.Response:
+        self._telemetry.requests_rejected.labels(_FEEDBACK, reason).inc()
+        if log:
+            self._log.info("feedback_rejected", status=status, reason=reason)
+        return web.json_response(
+            {"error": {"field": field, "message": message}}, status=status, headers=headers
+        )
 
     # -------------------------------------------------------------- responses
     def _reject(
@@ -289,3 +413,23 @@ class HttpReceiver(Component):
         return web.Response(
             status=status, body=body, content_type=content_type, headers=extra_headers
         )
+
+
+def _retry_answer(refused: Refused) -> tuple[int, dict[str, str]]:
+    """The HTTP status (503 shutting down, else 429) and ``Retry-After`` header for a
+    pipeline refusal."""
+    status = 503 if refused.reason == "shutting_down" else 429
+    return status, {"Retry-After": str(max(1, math.ceil(refused.retry_after)))}
+
+
+async def _read_at_most(request: web.Request, size: int) -> bytes:
+    """The body's first ``size`` bytes (all of it when shorter)."""
+    parts: list[bytes] = []
+    got = 0
+    while got < size:
+        chunk = await request.content.read(size - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)

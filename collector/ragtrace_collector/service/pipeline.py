@@ -87,7 +87,7 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from google.protobuf.message import Message
 
@@ -98,6 +98,7 @@ from ragtrace_collector.component.logs import get_logger
 from ragtrace_collector.component.telemetry import Telemetry
 from ragtrace_collector.evaluation.enrichment import is_carrier
 from ragtrace_collector.exporters.base import Exporter
+from ragtrace_collector.feedback.tap import FeedbackTap
 from ragtrace_collector.otlp.codec import (
     OtlpDecodeError,
     Span,
@@ -128,6 +129,14 @@ __all__ = [
     "ShutdownReport",
     "TraceProcessor",
 ]
+
+#: What a client is told when the write-ahead log refuses a request.  The detail (the
+#: directory, the OS error) stays on the operator's side: the log and ``/readyz``.
+_STORAGE_ANSWERS: Final = {
+    "storage_error": "the write-ahead log cannot be written; retry later",
+    "storage_timeout": "the write-ahead log did not complete the write in time; retry later",
+    "storage_full": "the write-ahead log is full until exporters deliver; retry later",
+}
 
 #: Hands a trace to the exporters.  Synchronous; never blocks; never raises.
 Forward = Callable[[AssembledTrace], None]
@@ -198,9 +207,16 @@ class Pipeline:
         )
         #: The processor's view of the log (outputs, holds, results found at start).
         self.ledger: OutputLedger | None = None
+        #: Reads feedback spans out of released traces for the join (set by the service).
+        self.feedback: FeedbackTap | None = None
+        #: Copies of results not logged because the log was at its bound.
+        self.results_not_logged = 0
+        self._skipping_results = False
         if storage is not None:
             storage.set_exporters([e.name for e in self.exporters])
-            self.ledger = OutputLedger(hold=self._hold, results=self._log_results)
+            self.ledger = OutputLedger(
+                hold=self._hold, results=self._log_results, reached=self._reached
+            )
 
     # ---------------------------------------------------------------- state
     @property
@@ -299,9 +315,21 @@ class Pipeline:
                 f"the trace processor holds {self._held_spans} spans; retry later",
                 self._retry_after,
             )
+        if self.feedback is not None and self.feedback.busy:
+            return Refused(
+                "processor_busy",
+                f"{self.feedback.in_flight} feedback wait for the join; retry later",
+                self._retry_after,
+            )
         storage = self._storage.refusal() if self._storage is not None else None
         if storage is not None:
-            return Refused(storage[0], f"{storage[1]}; retry later", self._retry_after)
+            reason, detail = storage
+            return Refused(
+                reason,
+                _STORAGE_ANSWERS.get(reason, _STORAGE_ANSWERS["storage_error"]),
+                self._retry_after,
+                detail=f"{detail}; retry later",
+            )
         return None
 
     def offer(self, split: SplitRequest, receiver: str) -> None:
@@ -331,8 +359,12 @@ class Pipeline:
             )
         except StorageError as exc:
             self._telemetry.spans_refused.labels(receiver, "storage_error").inc(split.span_count)
+            answer = "storage_timeout" if isinstance(exc, AppendTimeout) else "storage_error"
             raise Refused(
-                "storage_error", f"cannot write the request durably: {exc}", self._retry_after
+                "storage_error",
+                _STORAGE_ANSWERS[answer],
+                self._retry_after,
+                detail=f"cannot write the request durably: {exc}",
             ) from None
 
     def _admission(self, split: SplitRequest, receiver: str) -> None:
@@ -341,7 +373,7 @@ class Pipeline:
             self._telemetry.spans_refused.labels(receiver, refused.reason).inc(split.span_count)
             if not self._refusing:
                 self._refusing = True
-                self._log.warning("backpressure_on", reason=refused.reason, detail=refused.message)
+                self._log.warning("backpressure_on", reason=refused.reason, detail=refused.detail)
             raise refused
         if self._refusing:
             self._refusing = False
@@ -414,6 +446,22 @@ class Pipeline:
             return
         request = build_request([SpanGroup(None, "", None, "", spans)]).SerializeToString()
         payload = encode_output(sources, request)
+        if not storage.room_for_output(len(payload), needed=False):
+            # The log is at its bound (storage.max_size): the copy is left out; a
+            # replay after a crash would evaluate this trace again, nothing is lost.
+            if not self._skipping_results:  # logged once per stretch at the bound
+                self._skipping_results = True
+                self._log.warning(
+                    "results_not_logged",
+                    reason="storage_full",
+                    detail="copies of results are left out while the log is at its bound; "
+                    "a crash meanwhile costs repeated judge calls, never a loss",
+                )
+            self.results_not_logged += 1
+            return
+        if self._skipping_results:
+            self._skipping_results = False
+            self._log.info("results_logged_again", left_out=self.results_not_logged)
 
         def tag(seq: int) -> int:
             storage.outputs_of(seq, sources)
@@ -430,34 +478,39 @@ class Pipeline:
         delay: float = 0.1,
     ) -> None:
         """Write an output record; a failed write (a full disk) is tried again until it
-        succeeds or the log closes (the hold keeps the sources meanwhile)."""
+        succeeds or the log closes (the hold keeps the sources meanwhile).  The write is
+        not bounded by the append timeout (no client waits for it): its future tells
+        its outcome, however late."""
         storage = self._storage
         assert storage is not None
+
+        def retry(error: str) -> None:
+            self._log.warning("output_log_retrying", error=error, retry_in=delay)
+            if self._loop is not None:
+                self._loop.call_later(
+                    delay, self._append_output, payload, tag, admit, hold, min(delay * 2, 5.0)
+                )
+
+        if not storage.room_for_output(len(payload)):
+            retry("the write-ahead log is at its bound (storage.max_size)")
+            return
         try:
-            future = storage.append(payload, tag=tag, admit=admit, kind=KIND_OUTPUT)
+            future = storage.append(payload, tag=tag, admit=admit, kind=KIND_OUTPUT, timeout=False)
         except StorageError as exc:
             self._log.error("output_not_logged", error=str(exc))
             return
 
         def done(fut: asyncio.Future[None]) -> None:
-            if fut.cancelled() or fut.exception() is None:
-                return
-            error = fut.exception()
-            if isinstance(error, AppendTimeout):
-                return  # still being written: admitted once it is
-            self._log.warning("output_log_retrying", error=str(error), retry_in=delay)
-            if self._loop is not None:
-                self._loop.call_later(
-                    delay,
-                    self._append_output,
-                    payload,
-                    tag,
-                    admit,
-                    hold,
-                    min(delay * 2, 5.0),
-                )
+            if not fut.cancelled() and fut.exception() is not None:
+                retry(str(fut.exception()))
 
         future.add_done_callback(done)
+
+    def _reached(self, trace: AssembledTrace) -> bool:
+        """Whether a replayed delivery mark says an exporter had some of ``trace``."""
+        assert self._storage is not None
+        delivered = self._storage.delivered
+        return bool(delivered) and any(delivered.get(g.wal_seq) for g in trace.groups)
 
     def _settled_before(self, trace: AssembledTrace) -> bool:
         """Whether every group of ``trace`` came from an entry settled before a restart."""
@@ -531,7 +584,7 @@ class Pipeline:
                     bad += 1
                     storage.hold_replayed(seq, 0)
                     continue
-                storage.hold_replayed(seq, self._tag(split, seq))
+                storage.hold_replayed(seq, self._tag(split, seq), to_forward=True)
                 self._take(split, None)
                 spans += split.span_count
                 entries += 1
@@ -556,12 +609,16 @@ class Pipeline:
     # ------------------------------------------------------- processor hook
     def _dispatch(self, trace: AssembledTrace) -> None:
         if self._storage is not None and self._storage.settled and self._settled_before(trace):
+            self._storage.forwarded(trace.groups)
             return  # replayed, but delivered (outputs included) before the restart
         count = trace.span_count
         self._held[id(trace)] = (trace, count)
         self._held_spans += count
         try:
-            self.processor.submit(trace, self._forward)
+            if self.feedback is not None and self.feedback.take(trace, self.ledger):
+                self._forward(trace)  # feedback only: exported, never a case to evaluate
+            else:
+                self.processor.submit(trace, self._forward)
         except Exception as exc:
             self._log.error("processor_submit_failed", trace_id=trace.trace_id_hex, error=repr(exc))
             self._forward(trace)
@@ -583,6 +640,8 @@ class Pipeline:
         if self._outstanding is not None:
             self._outstanding.forwarded(trace.groups)
         self._fan_out(trace.groups)
+        if self._storage is not None:
+            self._storage.forwarded(trace.groups)  # replayed entries wait for this
         if self._loop is not None:
             with contextlib.suppress(Exception):
                 self._telemetry.pipeline_latency.observe(self._loop.time() - trace.released_at)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from ragtrace_collector.alerts.config import feedback_name
 from ragtrace_collector.config import CollectorConfig, ConfigError, describe_errors, load_config
 from ragtrace_collector.exitcodes import EXIT_OK, EXIT_USAGE
 from ragtrace_collector.metrics import (
@@ -112,6 +113,13 @@ def alert_rule_problems(config: CollectorConfig, evaluated: list[str]) -> list[s
         if rule.metric in evaluated:
             continue
         where = f"alerts.rules.{index}.metric: rule {rule.name!r} watches {rule.metric!r}"
+        name = feedback_name(rule.metric)
+        if name is not None:
+            if not name:
+                problems.append(f"{where}: name the feedback after 'feedback:'")
+            elif not config.feedback.enabled:
+                problems.append(f"{where}, user feedback, which feedback.enabled: false turns off")
+            continue
         if rule.metric not in METRIC_NAMES:
             close = difflib.get_close_matches(rule.metric, METRIC_NAMES, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"metrics: {', '.join(METRIC_NAMES)}"

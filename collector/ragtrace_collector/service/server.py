@@ -42,6 +42,9 @@ from ragtrace_collector.config import CollectorConfig, ConfigError, load_config
 from ragtrace_collector.evaluation.stage import EvaluationStage
 from ragtrace_collector.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from ragtrace_collector.exporters import Exporter, build_exporter
+from ragtrace_collector.feedback.ingest import FeedbackIntake
+from ragtrace_collector.feedback.stage import FeedbackStage
+from ragtrace_collector.feedback.tap import FeedbackTap
 from ragtrace_collector.receivers.auth import BearerAuth
 from ragtrace_collector.receivers.decode import Decoder
 from ragtrace_collector.receivers.grpc import GrpcReceiver
@@ -50,7 +53,7 @@ from ragtrace_collector.service.looplag import LoopLagMonitor
 from ragtrace_collector.service.pipeline import PassThroughProcessor, Pipeline, TraceProcessor
 from ragtrace_collector.service.ports import Endpoint, StartupError, bind_problem, port_problems
 from ragtrace_collector.service.preflight import preflight_problems
-from ragtrace_collector.service.stages import build_stage
+from ragtrace_collector.service.stages import FeedbackAlerts, build_feedback_stage, build_stage
 from ragtrace_collector.storage import Storage
 from ragtrace_collector.storage.spill import write_spill
 
@@ -86,10 +89,25 @@ class CollectorService:
         #: Runs every background task of every part: logs, counts and restarts failures.
         self.supervisor = Supervisor(self.host)
         self._log = get_logger("service")
+        #: The feedback join (``feedback.enabled``): hears every score, takes every
+        #: feedback span, answers ``GET /feedback``.
+        self.feedback: FeedbackStage | None = None
+        alerts = FeedbackAlerts()
+        if config.feedback.enabled:
+            self.feedback = build_feedback_stage(
+                config, self.telemetry, supervisor=self.supervisor, alerts=alerts
+            )
+            self.host.register_all(self.feedback.components)
         #: The evaluation stage, unless a processor was given or evaluation is off.
         self.stage: EvaluationStage | None = None
         if processor is None and config.evaluation.enabled:
-            self.stage = build_stage(config, self.telemetry, supervisor=self.supervisor)
+            self.stage = build_stage(
+                config,
+                self.telemetry,
+                supervisor=self.supervisor,
+                feedback=self.feedback,
+                feedback_alerts=alerts,
+            )
             self.host.register_all(self.stage.components)
             processor = self.stage.processor
             self.host.register(self.stage.evaluator)
@@ -131,6 +149,12 @@ class CollectorService:
             storage=self.storage,
             track_undelivered=config.shutdown.spill_path is not None,
         )
+        self._feedback_tap = (
+            FeedbackTap(self.feedback, limit=config.feedback.max_pending)
+            if self.feedback is not None
+            else None
+        )
+        self.pipeline.feedback = self._feedback_tap
         auth = BearerAuth(config.receivers.auth.bearer_tokens)
         grace = config.shutdown.receiver_grace
         #: Decodes large and compressed requests of both receivers off the event loop.
@@ -157,6 +181,15 @@ class CollectorService:
                 telemetry=self.telemetry,
                 grace=grace,
                 decoder=self.decoder,
+                feedback=(
+                    FeedbackIntake(
+                        max_body=config.feedback.max_body,
+                        rate=config.feedback.rate,
+                        invalid=self.feedback.invalid,
+                    )
+                    if self.feedback is not None
+                    else None
+                ),
             )
             if config.receivers.http.enabled
             else None
@@ -172,6 +205,7 @@ class CollectorService:
                 ready=self._ready,
                 healthy=self._healthy,
                 components=self.host.snapshot,
+                feedback=self.feedback.report if self.feedback is not None else None,
             )
             if config.admin.enabled
             else None
@@ -198,7 +232,7 @@ class CollectorService:
             return False, components.reason
         refused = self.pipeline.refusal()
         if refused is not None:
-            return False, f"refusing data ({refused.reason}): {refused.message}"
+            return False, f"refusing data ({refused.reason}): {refused.detail}"
         return True, f"receivers listening; {components.reason}"
 
     def _healthy(self) -> tuple[bool, str]:
@@ -271,6 +305,8 @@ class CollectorService:
                 self._log.info("admin_listening", endpoint=f"{host}:{port}")
             if self.storage is not None:
                 await self.storage.start()
+            if self.feedback is not None:  # before replay: replayed feedback joins
+                await self.feedback.start()
             await self.pipeline.start()
             self.host.register(self.pipeline.assembler)
             if self.stage is not None:
@@ -321,6 +357,7 @@ class CollectorService:
             forwarded_unprocessed=report.forwarded_unprocessed,
             spans_dropped=report.spans_dropped,
         )
+        await self._stop_feedback(shutdown.processor_timeout)
         await self._keep_undelivered(report.spans_dropped)
         if self.stage is not None:
             await self.stage.aclose()
@@ -329,6 +366,17 @@ class CollectorService:
         await self.supervisor.stop(wait=1.0)
         if self.admin is not None:
             await self.admin.stop()
+
+    async def _stop_feedback(self, grace: float) -> None:
+        """Feedback being joined gets ``grace`` seconds; what is cut short keeps its log
+        entries (replayed at the next start).  Then the join closes."""
+        if self._feedback_tap is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await self._feedback_tap.drain()
+            await self._feedback_tap.aclose()
+        if self.feedback is not None:
+            await self.feedback.shutdown(grace)
 
     async def _keep_undelivered(self, dropped: int) -> None:
         """What the flush deadline cut off: left in the log, spilled, or lost."""
@@ -367,6 +415,10 @@ class CollectorService:
 
     async def _teardown_quietly(self) -> None:
         self._stopping = True
+        try:
+            await self._stop_feedback(1.0)
+        except Exception as exc:
+            self._log.debug("teardown_error", error=repr(exc))
         if self.stage is not None:
             try:
                 await self.stage.aclose()

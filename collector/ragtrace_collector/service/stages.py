@@ -1,6 +1,8 @@
 """Builds the evaluation stage from the composed configuration: judge, metrics,
 sampler, stores, segments, worker pool, evaluator and drop detector
-(:class:`~ragtrace_collector.evaluation.stage.EvaluationStage`).
+(:class:`~ragtrace_collector.evaluation.stage.EvaluationStage`), and the feedback
+stage (:class:`~ragtrace_collector.feedback.stage.FeedbackStage`), which hears every
+score and feeds the drop detector each feedback (a rule may watch a feedback name).
 
 The service assembles the stages; the stages themselves never read the composed
 configuration.  The checks ``check-config`` runs (:mod:`.preflight`) run here too, so
@@ -21,6 +23,7 @@ from ragtrace_collector.evaluation.pool import EvaluationPool
 from ragtrace_collector.evaluation.sampling import Sampler
 from ragtrace_collector.evaluation.segments import Segments
 from ragtrace_collector.evaluation.stage import EvaluationStage, JudgeStatus
+from ragtrace_collector.feedback.stage import FeedbackStage
 from ragtrace_collector.judges.base import JudgeCallRecord
 from ragtrace_collector.judges.factory import make_judge
 from ragtrace_collector.judges.offline import OfflineJudge
@@ -37,7 +40,7 @@ if TYPE_CHECKING:
     from ragtrace_collector.component.telemetry import Telemetry
     from ragtrace_collector.config import CollectorConfig
 
-__all__ = ["build_stage"]
+__all__ = ["FeedbackAlerts", "build_feedback_stage", "build_stage"]
 
 _ID_METRICS = frozenset({"id_context_recall", "id_context_precision"})
 
@@ -56,20 +59,63 @@ def _warn_about_alerts(config: CollectorConfig, log: Any) -> None:
         )
 
 
+class FeedbackAlerts:
+    """The feedback stage's observer: hands each feedback to the drop detector (built
+    after the feedback stage, by :func:`build_stage`), whose rules on
+    ``feedback:<name>`` watch its mean."""
+
+    def __init__(self) -> None:
+        self.detector: DropDetector | None = None
+
+    def __call__(
+        self, service: str, name: str, value: float, trace_id: str, values: tuple[str, ...]
+    ) -> None:
+        if self.detector is not None:
+            self.detector.observe_feedback(service, name, value, trace_id, segments=values)
+
+
+def build_feedback_stage(
+    config: CollectorConfig,
+    telemetry: Telemetry,
+    *,
+    supervisor: Supervisor | None = None,
+    alerts: FeedbackAlerts | None = None,
+) -> FeedbackStage:
+    """The feedback stage ``config`` describes: its join kept beside the write-ahead
+    log (``storage.directory``) or in the session store's Redis, synced as the log is."""
+    storage = config.storage
+    return FeedbackStage(
+        config.feedback,
+        telemetry=telemetry,
+        segments=config.segments,
+        directory=storage.directory,
+        synchronous="NORMAL" if storage.fsync == "never" else "FULL",
+        session_store=config.session_store,
+        supervisor=supervisor,
+        observers=[alerts] if alerts is not None else [],
+    )
+
+
 def _pooled_metrics(metrics: list[Metric], offline: bool) -> list[Metric]:
     """The metrics whose work is CPU (no judge, or the offline judge): the pool's."""
     return [m for m in metrics if offline or not m.uses_judge]
 
 
 def build_stage(
-    config: CollectorConfig, telemetry: Telemetry, *, supervisor: Supervisor | None = None
+    config: CollectorConfig,
+    telemetry: Telemetry,
+    *,
+    supervisor: Supervisor | None = None,
+    feedback: FeedbackStage | None = None,
+    feedback_alerts: FeedbackAlerts | None = None,
 ) -> EvaluationStage:
     """The evaluation stage ``config`` describes.  Raises :class:`ConfigError` with
     every problem of :func:`~ragtrace_collector.service.preflight.preflight_problems` (a
     missing API key variable, a broken reference file, an alert rule on a metric that
     is not evaluated...), the checks ``check-config`` runs too.  A reference file that
     does not exist yet is a ``reference_store`` status instead.  ``supervisor`` runs
-    the stage's background loops."""
+    the stage's background loops.  ``feedback`` hears every result (for the join);
+    ``feedback_alerts`` gets the drop detector."""
     log = get_logger("evaluation")
     listeners: list[Any] = []
     on_call_hooks: list[Any] = []
@@ -93,7 +139,7 @@ def build_stage(
         raise ValueError(f"judge: {exc}") from exc
     window = max((m.options.window_size for m in metrics if m.kind == "conversation"), default=10)
     session_store: SessionStore = create_session_store(config.session_store, window_size=window)
-    segments = Segments(config.segments)
+    segments = Segments(config.segments, telemetry=telemetry)
     if segments:
         telemetry.results.set_segment_labels(segments.labels_names)
         segments.add_evict_listener(telemetry.results.forget)
@@ -115,6 +161,10 @@ def build_stage(
             active.observe(service, metric, result.score, trace_id, segments=values)
 
         listeners.append(feed)
+        if feedback_alerts is not None:
+            feedback_alerts.detector = detector
+    if feedback is not None:
+        listeners.append(feedback.scored)
     pool: EvaluationPool | None = None
     pooled = _pooled_metrics(metrics, isinstance(judge, OfflineJudge))
     processes = config.evaluation.worker_processes

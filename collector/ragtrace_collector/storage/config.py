@@ -20,9 +20,16 @@ class StorageConfig(BaseModel):
     #: Directory of the write-ahead log.  Unset: spans are held in memory only, and a
     #: crash loses what was acknowledged but not yet exported.
     directory: Path | None = None
-    #: Disk the log may use.  At this size receivers answer with back-pressure (429 /
-    #: RESOURCE_EXHAUSTED) and ``/readyz`` with 503 until exporters catch up.  A disk
-    #: that fills up first is handled the same way, and recovers once space returns.
+    #: Disk the log's segment files may use, every record counted (requests, outputs
+    #: such as carriers and copies of results, delivery marks).  At this size receivers
+    #: answer with back-pressure (429 / RESOURCE_EXHAUSTED) and ``/readyz`` with 503
+    #: until exporters catch up.  The segments never pass it by more than one segment
+    #: (1/8 of ``max_size``, 64 KiB to 64 MiB; or one request, if larger): outputs made
+    #: from requests already accepted may use that margin; a copy of results that does
+    #: not fit in half of it is not logged (a crash then costs a repeated judge call), a
+    #: carrier waits for room.  The lock and checkpoint files (a few bytes) are not
+    #: counted.  A disk that fills up first is handled like this limit, and recovers
+    #: once space returns.
     max_size: ByteSize = Field(2 * 1024**3, ge=1024 * 1024)
     #: ``always``: fsync each request before acknowledging it; ``batch``: one fsync per
     #: group of requests written together (group commit), still before acknowledging;

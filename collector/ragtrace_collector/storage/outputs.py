@@ -180,9 +180,11 @@ class OutputLedger:
         *,
         hold: Callable[[AssembledTrace], Hold],
         results: Callable[[AssembledTrace, list[Span]], None],
+        reached: Callable[[AssembledTrace], bool] | None = None,
     ) -> None:
         self._hold = hold
         self._results = results
+        self._reached = reached
         #: (trace id, span id) -> what the log held for that span at start.
         self._logged: dict[tuple[bytes, bytes], Logged] = {}
 
@@ -195,6 +197,12 @@ class OutputLedger:
         the trace is forwarded: a replay of the trace takes them from the log."""
         if spans:
             self._results(trace, spans)
+
+    def reached(self, trace: AssembledTrace) -> bool:
+        """Whether some exporter had any of ``trace``'s entries before the restart (a
+        replayed delivery mark says so): what is computed for it now must follow on a
+        carrier span, since a result written on the span would not reach that exporter."""
+        return self._reached is not None and self._reached(trace)
 
     @property
     def replayed_results(self) -> bool:

@@ -4,8 +4,10 @@ Layout of ``storage.directory``:
 
 * ``lock``: held with ``flock`` by the one process that uses the directory; a second
   process fails to start with :class:`StorageLocked` (the file names the holder's pid);
-* ``<first seq, 20 digits>.wal``: segment files.  Each starts with the 8-byte magic
-  ``RTWAL02\\n`` and holds records.  A record is a 28-byte header and its payload:
+* ``<first seq, 20 digits>.wal``: segment files.  Each starts with a 48-byte segment
+  header: the 8-byte magic ``RTWAL03\n``, then twice the segment's key (16 random bytes,
+  new for every segment, never sent anywhere) followed by its CRC32.  Then records.  A
+  record is a 32-byte header and its payload:
 
   ====== ===== ============================================================
   bytes  type  field
@@ -18,7 +20,7 @@ Layout of ``storage.directory``:
   8-11   u32   payload length
   12-19  u64   sequence number
   20-23  u32   CRC32 of the payload
-  24-27  u32   CRC32 of bytes 0-23
+  24-31  8s    tag of bytes 0-23: BLAKE2b (8-byte digest) keyed with the segment's key
   ====== ===== ============================================================
 
   little-endian.  A new segment starts when the current one would pass
@@ -36,10 +38,20 @@ with an incomplete record (a header cut short, or a payload longer than the file
 a torn tail: a write a crash cut short, never acknowledged.  It is logged as
 ``wal_torn_tail``, counted, and cut off the file.  Nothing valid is ever truncated.
 
-Segments of the previous format (``RTWAL01\\n``, 16-byte headers without marker) are
-still read, so an upgrade loses nothing; that format cannot resynchronise, so a bad
-record there ends the reading of its segment (logged and counted).  New records are
-always written in the current format.
+Payloads are client bytes, so a payload can hold the image of a complete record (a
+"settled" mark, any sequence number).  Resynchronising searches payload bytes, so a
+header found there must prove that this process wrote it: its tag needs the segment's
+key, which clients cannot know.  A forged image fails the tag (odds 2^-64 per image)
+and is skipped with the damaged region.  A damaged key is recovered from its second
+copy; a segment whose two copies are both damaged cannot be checked and is skipped
+whole (logged and counted).
+
+Segments of the previous formats are still read, so an upgrade loses nothing.
+``RTWAL02\n`` (28-byte headers checked by a plain CRC32) is read record after record;
+since a client could forge such a record, a header that does not check there is not
+resynchronised from: the rest of its segment is skipped (logged and counted).
+``RTWAL01\n`` (16-byte headers without marker) cannot resynchronise either.  New
+records are always written in the current format.
 
 A failed write (``ENOSPC``, a short write, an I/O error) is cut back to where the call
 started, in the same segment, which stays the active one: no partial record is left
@@ -55,6 +67,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import struct
 import zlib
@@ -74,6 +87,7 @@ from ragtrace_collector.storage.fileops import (
 
 __all__ = [
     "KIND_REQUEST",
+    "SEGMENT_HEADER_SIZE",
     "FileOps",
     "Placed",
     "Record",
@@ -87,12 +101,18 @@ __all__ = [
 #: A record holding one OTLP ``ExportTraceServiceRequest`` (binary protobuf).
 KIND_REQUEST: Final = 1
 
-_MAGIC: Final = b"RTWAL02\n"
+_MAGIC: Final = b"RTWAL03\n"
+_MAGIC_V2: Final = b"RTWAL02\n"
 _MAGIC_V1: Final = b"RTWAL01\n"
 _MARK: Final = b"\xa7\x5e\xd1\x0c"
 _HEAD: Final = struct.Struct("<4sBBHIQI")  # marker, kind, flags, reserved, length, seq, pcrc
 _HCRC: Final = struct.Struct("<I")
-HEADER_SIZE: Final = _HEAD.size + _HCRC.size
+_KEY_SIZE: Final = 16
+_KEY_COPY: Final = _KEY_SIZE + _HCRC.size  # a key and its CRC32
+_TAG_SIZE: Final = 8
+#: A segment holding nothing but its header (magic, two copies of the key).
+SEGMENT_HEADER_SIZE: Final = len(_MAGIC) + 2 * _KEY_COPY
+HEADER_SIZE: Final = _HEAD.size + _TAG_SIZE
 _V1_HEADER: Final = struct.Struct("<IIQ")  # length, crc (seq + payload), seq
 _SEQ: Final = struct.Struct("<Q")
 _CHECKPOINT: Final = struct.Struct("<QI")
@@ -156,24 +176,67 @@ def _crc(seq: int, payload: bytes) -> int:
     return zlib.crc32(payload, zlib.crc32(_SEQ.pack(seq)))
 
 
-def _header(seq: int, kind: int, payload: bytes) -> bytes:
+class _Layout(NamedTuple):
+    """How the records of one segment are checked: the record header's size, the check
+    of its first 24 bytes, and whether a reader may resynchronise after a bad header
+    (only where client bytes cannot pass the check)."""
+
+    header_size: int
+    check: Callable[[bytes], bytes]
+    resync: bool
+
+
+def _crc_check(head: bytes) -> bytes:
+    return _HCRC.pack(zlib.crc32(head))
+
+
+#: The previous format: a plain CRC32, which a client can compute.
+_V2: Final = _Layout(_HEAD.size + _HCRC.size, _crc_check, resync=False)
+
+
+def _keyed(key: bytes) -> _Layout:
+    """The current format, for a segment whose key is ``key``."""
+
+    def check(head: bytes) -> bytes:
+        return hashlib.blake2b(head, digest_size=_TAG_SIZE, key=key).digest()
+
+    return _Layout(HEADER_SIZE, check, resync=True)
+
+
+def _segment_header(key: bytes) -> bytes:
+    copy = key + _HCRC.pack(zlib.crc32(key))
+    return _MAGIC + copy + copy
+
+
+def _segment_key(data: bytes) -> bytes | None:
+    """The key of a current-format segment from either copy that checks, or None."""
+    for at in (len(_MAGIC), len(_MAGIC) + _KEY_COPY):
+        key = data[at : at + _KEY_SIZE]
+        crc = data[at + _KEY_SIZE : at + _KEY_COPY]
+        if len(crc) == _HCRC.size and _HCRC.pack(zlib.crc32(key)) == crc:
+            return key
+    return None
+
+
+def _header(layout: _Layout, seq: int, kind: int, payload: bytes) -> bytes:
     head = _HEAD.pack(_MARK, kind, 0, 0, len(payload), seq, zlib.crc32(payload))
-    return head + _HCRC.pack(zlib.crc32(head))
+    return head + layout.check(head)
 
 
-def _parse(data: bytes, offset: int) -> tuple[Record | None, int, str]:
+def _parse(data: bytes, offset: int, layout: _Layout) -> tuple[Record | None, int, str]:
     """The record at ``offset``: (record, next offset, "") or (None, next, problem);
     ``next`` is known only when the header checked (else it is ``offset + 1``)."""
     end = len(data)
-    if end - offset < HEADER_SIZE:
+    size = layout.header_size
+    if end - offset < size:
         return None, offset + 1, "incomplete header"
     mark, kind, _flags, _reserved, length, seq, pcrc = _HEAD.unpack_from(data, offset)
     if mark != _MARK:
         return None, offset + 1, "no record marker"
-    (hcrc,) = _HCRC.unpack_from(data, offset + _HEAD.size)
-    if zlib.crc32(data[offset : offset + _HEAD.size]) != hcrc:
+    check = data[offset + _HEAD.size : offset + size]
+    if layout.check(data[offset : offset + _HEAD.size]) != check:
         return None, offset + 1, "header checksum mismatch"
-    body = offset + HEADER_SIZE
+    body = offset + size
     if body + length > end:
         return None, offset + 1, "incomplete payload"
     payload = data[body : body + length]
@@ -182,11 +245,11 @@ def _parse(data: bytes, offset: int) -> tuple[Record | None, int, str]:
     return Record(seq, kind, payload), body + length, ""
 
 
-def _resync(data: bytes, start: int) -> int | None:
+def _resync(data: bytes, start: int, layout: _Layout) -> int | None:
     """The offset of the next valid record at or after ``start``, or None."""
     at = data.find(_MARK, start)
     while at != -1:
-        if _parse(data, at)[0] is not None:
+        if _parse(data, at, layout)[0] is not None:
             return at
         at = data.find(_MARK, at + 1)
     return None
@@ -216,6 +279,7 @@ class WriteAheadLog:
         self._lock_fh: IO[str] | None = None
         self._fd: int | None = None
         self._active_segment: Segment | None = None
+        self._layout: _Layout | None = None  # the active segment's
         #: Segments on disk in order, the active one last; set by :meth:`open`.
         self.segments: list[Segment] = []
         #: The next sequence number to write; set by :meth:`open`.
@@ -257,6 +321,12 @@ class WriteAheadLog:
             next_seq = max(next_seq, last.first_seq)
             for record in self.records(last):
                 next_seq = max(next_seq, record.seq + 1)
+            if last.first_seq >= next_seq and last.size <= SEGMENT_HEADER_SIZE:
+                # Created just before a crash (its header only, once a torn record is
+                # cut off): the first write creates it again under the same name, so it
+                # is removed now, not taken for an older segment to replay and delete.
+                self.segments.pop()
+                last.path.unlink(missing_ok=True)
         self.next_seq = next_seq
 
     def close(self) -> None:
@@ -291,26 +361,44 @@ class WriteAheadLog:
         if data.startswith(_MAGIC_V1):
             yield from self._records_v1(segment, data, report=report, newest=newest)
             return
-        offset = len(_MAGIC)
-        if not data.startswith(_MAGIC):
-            if len(data) < len(_MAGIC) and _MAGIC.startswith(data):
-                return  # created, then the process died before writing the magic
-            if report:
+        end = len(data)
+        if data.startswith(_MAGIC_V2):
+            layout, offset = _V2, len(_MAGIC_V2)
+        else:
+            if end < SEGMENT_HEADER_SIZE and (_MAGIC.startswith(data) or data.startswith(_MAGIC)):
+                return  # created, then the process died before its header was written
+            if report and not data.startswith(_MAGIC):
                 self._log.error(
                     "wal_corrupt_record",
                     segment=segment.path.name,
                     offset=0,
-                    detail="bad segment magic; records are searched for by their marker",
+                    detail="bad segment magic; read as the current format",
                 )
-            offset = 0
-        end = len(data)
+            key = _segment_key(data)
+            if key is None:
+                if report:
+                    self._skipped(
+                        segment,
+                        0,
+                        end,
+                        torn=False,
+                        detail="both copies of the segment key are damaged: its records "
+                        "cannot be checked, the whole segment is skipped",
+                    )
+                return
+            layout, offset = _keyed(key), SEGMENT_HEADER_SIZE
         while offset < end:
-            record, after, problem = _parse(data, offset)
+            record, after, problem = _parse(data, offset, layout)
             if record is not None:
                 yield record
                 offset = after
                 continue
-            resume = after if problem == "payload checksum mismatch" else _resync(data, after)
+            if problem == "payload checksum mismatch":
+                resume: int | None = after
+            elif layout.resync:
+                resume = _resync(data, after, layout)
+            else:
+                resume = None
             if resume is None and newest and problem in _TORN:
                 if report:
                     self._skipped(
@@ -322,13 +410,14 @@ class WriteAheadLog:
                 return
             if report:
                 stop = end if resume is None else resume
-                self._skipped(
-                    segment,
-                    offset,
-                    stop,
-                    torn=False,
-                    detail=f"{problem}: this record is skipped, the records after it are read",
+                then = (
+                    "this record is skipped, the records after it are read"
+                    if layout.resync or resume is not None
+                    else "in a segment of the previous format (RTWAL02), where a client's "
+                    "bytes could pass for a record, reading does not resynchronise: the "
+                    "rest of this segment is skipped"
                 )
+                self._skipped(segment, offset, stop, torn=False, detail=f"{problem}: {then}")
             if resume is None:
                 return
             offset = resume
@@ -403,14 +492,15 @@ class WriteAheadLog:
                 segment = self._active_segment
                 if segment is None or (
                     segment.size + pending + size > self._segment_size
-                    and segment.size + pending > len(_MAGIC)
+                    and segment.size + pending > SEGMENT_HEADER_SIZE
                 ):
                     self._write_run(run, run_placed, placed)
                     self._rotate(seq)
                     segment = self._active_segment
                     assert segment is not None
                     pending = 0
-                run.append(_header(seq, kind, payload))
+                assert self._layout is not None
+                run.append(_header(self._layout, seq, kind, payload))
                 run.append(payload)
                 run_placed.append(Placed(seq, segment.first_seq, size))
                 pending += size
@@ -464,8 +554,9 @@ class WriteAheadLog:
         path = self.directory / f"{first_seq:020d}{_SUFFIX}"
         # O_APPEND: after a cut back, the next write lands at the new end of the file.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        key = os.urandom(_KEY_SIZE)
         try:
-            write_all(self.file_ops, fd, _MAGIC)
+            write_all(self.file_ops, fd, _segment_header(key))
             if self._fsync != "never":
                 self._sync(fd)
                 sync_directory(self.file_ops, self.directory)
@@ -475,8 +566,8 @@ class WriteAheadLog:
                 path.unlink()
             self.segments = [s for s in self.segments if s.path != path]
             raise
-        segment = Segment(first_seq, path, len(_MAGIC), reported=True)
-        self._fd, self._active_segment = fd, segment
+        segment = Segment(first_seq, path, SEGMENT_HEADER_SIZE, reported=True)
+        self._fd, self._active_segment, self._layout = fd, segment, _keyed(key)
         # An empty segment left by a crash may carry the same name: it is replaced.
         self.segments = [s for s in self.segments if s.first_seq != first_seq]
         self.segments.append(segment)
@@ -487,6 +578,7 @@ class WriteAheadLog:
                 os.close(self._fd)
         self._fd = None
         self._active_segment = None
+        self._layout = None
 
     def probe(self, size: int) -> None:
         """Check that ``size`` bytes can be written and synced now (after a failed

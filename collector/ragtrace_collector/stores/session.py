@@ -162,6 +162,17 @@ class SessionStoreConfig(BaseModel):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
         return v
 
+    def redis_client(self) -> Redis:
+        """A client of ``url``, each connect and call bounded by ``socket_timeout``
+        (the session store's, and the feedback join's, which shares this Redis)."""
+        from redis.asyncio import Redis
+
+        return Redis.from_url(
+            self.url,
+            socket_timeout=self.socket_timeout,
+            socket_connect_timeout=self.socket_timeout,
+        )
+
     def effective_max_turns(self, window_size: int = DEFAULT_WINDOW_SIZE) -> int:
         """``max_turns``, or twice ``window_size`` when unset."""
         if self.max_turns is not None:
@@ -433,20 +444,11 @@ class RedisSessionStore(Component):
         self._prefix = config.key_prefix
         self._url = config.url
         self._timeout = config.socket_timeout
-        from redis.asyncio import Redis
         from redis.exceptions import RedisError
 
         #: redis-py's base error, caught around every call.
         self._redis_error: type[Exception] = RedisError
-        self._redis: Redis = (
-            client
-            if client is not None
-            else Redis.from_url(
-                config.url,
-                socket_timeout=config.socket_timeout,
-                socket_connect_timeout=config.socket_timeout,
-            )
-        )
+        self._redis: Redis = client if client is not None else config.redis_client()
         self._add_for_turn = self._redis.register_script(_ADD_SCORE_FOR_TURN)
         self._append_unindexed = self._redis.register_script(_APPEND_UNINDEXED)
         self.report(Status.OK)
