@@ -130,12 +130,33 @@ def test_sdk_feedback_reaches_the_file_exporter_linked_and_joins_the_score(
     assert report["held"]["scores"] >= 1
 
 
+_SHOP = "https://shop.example.com"
+
+
+def _preflight(http_url: str, origin: str) -> tuple[int, str | None]:
+    """A browser's CORS preflight for POST /v1/feedback: the status and the allowed origin."""
+    request = urllib.request.Request(
+        f"{http_url.removesuffix('/v1/traces')}/v1/feedback",
+        method="OPTIONS",
+        headers={
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, resp.headers.get("Access-Control-Allow-Origin")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Access-Control-Allow-Origin")
+
+
 def test_http_feedback_202_exported_joined_and_refusals(sink: OtlpSink) -> None:
     config = eval_config(
         sink,
         metrics={METRIC: {}},
         receivers={"auth": {"bearer_tokens": [TOKEN]}},
-        feedback={"rate": 5},
+        feedback={"rate": 5, "allowed_origins": [_SHOP]},
     )
     with evaluating_collector(config) as collector:
         _app.route(QUESTION, ["kb_reset", "kb_invoice"])
@@ -165,6 +186,9 @@ def test_http_feedback_202_exported_joined_and_refusals(sink: OtlpSink) -> None:
         assert "good" not in json.dumps(answer)
         status, _, headers = post_feedback(collector.http_url, body, token=None)
         assert (status, headers.get("WWW-Authenticate")) == (401, "Bearer")
+        # feedback.allowed_origins reaches the receiver: a page of that origin may ask.
+        assert _preflight(collector.http_url, _SHOP) == (204, _SHOP)
+        assert _preflight(collector.http_url, "https://elsewhere.example") == (403, None)
 
         statuses = [post_feedback(collector.http_url, body)[0] for _ in range(30)]
         assert 429 in statuses

@@ -15,6 +15,7 @@ from pydantic import SecretStr
 from ragtrace import semconv
 from ragtrace_collector.component.consumer import Refused
 from ragtrace_collector.component.telemetry import Telemetry
+from ragtrace_collector.feedback.config import FeedbackConfig
 from ragtrace_collector.feedback.ingest import FeedbackIntake, TokenBucket, parse_feedback
 from ragtrace_collector.feedback.record import Feedback, from_span
 from ragtrace_collector.otlp.codec import SplitRequest
@@ -56,8 +57,11 @@ class _Endpoint:
         token: str | None = TOKEN,
         raw: bytes | None = None,
         content_type: str = "application/json",
+        origin: str | None = None,
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
         headers = {"Content-Type": content_type}
+        if origin is not None:
+            headers["Origin"] = origin
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         data = raw if raw is not None else json.dumps(body).encode()
@@ -67,6 +71,19 @@ class _Endpoint:
         ):
             text = await resp.read()
             return resp.status, json.loads(text) if text else {}, dict(resp.headers)
+
+    async def preflight(self, origin: str) -> tuple[int, dict[str, str]]:
+        """A browser's CORS preflight for a POST with a bearer token and a JSON body."""
+        headers = {
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        }
+        async with (
+            aiohttp.ClientSession() as session,
+            session.options(self.url, headers=headers) as resp,
+        ):
+            return resp.status, dict(resp.headers)
 
     def feedback(self) -> list[Feedback]:
         out = []
@@ -83,7 +100,9 @@ class _Endpoint:
         return out
 
 
-async def _endpoint(rate: float = 1000.0, max_body: int = 8192) -> AsyncIterator[_Endpoint]:
+async def _endpoint(
+    rate: float = 1000.0, max_body: int = 8192, origins: frozenset[str] = frozenset()
+) -> AsyncIterator[_Endpoint]:
     pipeline = _Pipeline()
     invalid: list[str] = []
     receiver = HttpReceiver(
@@ -91,7 +110,9 @@ async def _endpoint(rate: float = 1000.0, max_body: int = 8192) -> AsyncIterator
         pipeline=pipeline,
         auth=BearerAuth([SecretStr(TOKEN)]),
         telemetry=Telemetry(),
-        feedback=FeedbackIntake(max_body=max_body, rate=rate, invalid=invalid.append),
+        feedback=FeedbackIntake(
+            max_body=max_body, rate=rate, invalid=invalid.append, allowed_origins=origins
+        ),
     )
     await receiver.start()
     try:
@@ -276,3 +297,65 @@ def test_token_bucket_spends_refills_and_says_how_long_to_wait() -> None:
 def test_parse_is_timed_now_unless_told() -> None:
     feedback = parse_feedback(b'{"trace_id": "%s", "value": 0}' % TRACE.encode(), now_ns=42)
     assert feedback.time_unix_nano == 42
+
+
+_SHOP = "https://shop.example.com"
+
+
+async def test_a_page_of_an_allowed_origin_may_post_and_read_every_answer() -> None:
+    """CORS: the preflight names what the page may send; every answer, errors included,
+    carries the origin, so the page can read a 400 or a 429 too."""
+    async for endpoint in _endpoint(origins=frozenset({_SHOP})):
+        status, headers = await endpoint.preflight(_SHOP)
+        assert status == 204
+        assert headers["Access-Control-Allow-Origin"] == _SHOP
+        assert headers["Access-Control-Allow-Methods"] == "POST"
+        assert {h.strip().lower() for h in headers["Access-Control-Allow-Headers"].split(",")} >= {
+            "authorization",
+            "content-type",
+        }
+        body = {"trace_id": TRACE, "value": True}
+        status, _, headers = await endpoint.post(body, origin=_SHOP)
+        assert status == 202
+        assert headers["Access-Control-Allow-Origin"] == _SHOP
+        assert "Origin" in headers["Vary"]
+        status, _, headers = await endpoint.post({"trace_id": "nope", "value": 1}, origin=_SHOP)
+        assert status == 400
+        assert headers["Access-Control-Allow-Origin"] == _SHOP
+        status, _, headers = await endpoint.post(body, origin=_SHOP, token=None)
+        assert status == 401
+        assert headers["Access-Control-Allow-Origin"] == _SHOP
+        assert len(endpoint.pipeline.taken) == 1
+
+
+@pytest.mark.parametrize("origins", [frozenset(), frozenset({_SHOP})])
+async def test_any_other_origin_gets_no_cors_header(origins: frozenset[str]) -> None:
+    """With no allowed origins (the default), or another one, a browser is told nothing:
+    the preflight is refused and no answer carries an origin."""
+    async for endpoint in _endpoint(origins=origins):
+        status, headers = await endpoint.preflight("https://evil.example.net")
+        assert status == 403
+        assert "Access-Control-Allow-Origin" not in headers
+        body = {"trace_id": TRACE, "value": True}
+        status, _, headers = await endpoint.post(body, origin="https://evil.example.net")
+        assert "Access-Control-Allow-Origin" not in headers
+        status, _, headers = await endpoint.post(body)  # a server, no Origin: as before
+        assert status == 202
+        assert "Access-Control-Allow-Origin" not in headers
+
+
+async def test_a_star_allows_every_origin() -> None:
+    async for endpoint in _endpoint(origins=frozenset({"*"})):
+        status, headers = await endpoint.preflight("http://localhost:3000")
+        assert status == 204
+        assert headers["Access-Control-Allow-Origin"] == "*"
+
+
+@pytest.mark.parametrize(
+    "origin", ["shop.example.com", "https://shop.example.com/", "https://x.com/path", "ftp://x"]
+)
+def test_an_origin_that_is_not_one_is_a_config_error_naming_it(origin: str) -> None:
+    with pytest.raises(ValueError, match="is not an origin") as caught:
+        FeedbackConfig(allowed_origins=[origin])
+    assert repr(origin) in str(caught.value)
+    assert FeedbackConfig(allowed_origins=["http://localhost:3000", "*"]).allowed_origins

@@ -14,13 +14,17 @@ Every bound is on entries, so memory is bounded whatever is sent:
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ragtrace_collector.configbase import ByteSize, Duration, StrictModel
 
 __all__ = ["MAX_FEEDBACK_PER_REQUEST", "FeedbackConfig"]
+
+#: ``scheme://host[:port]``, as a browser writes ``Origin`` (no path, no trailing slash).
+_ORIGIN: Final = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+")
 
 #: Feedback keys (name, user) held per request; more are refused, counted.
 MAX_FEEDBACK_PER_REQUEST: Final = 16
@@ -80,9 +84,28 @@ class FeedbackConfig(StrictModel):
         description="Feedback per second `POST /v1/feedback` accepts (a burst of one "
         "second's worth); beyond it the answer is 429.",
     )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="Web origins (`https://shop.example.com`, scheme, host and port as a "
+        "browser sends them in `Origin`) whose pages may call `POST /v1/feedback` "
+        "directly (CORS); `*` allows any.  Empty (the default): no CORS headers, so a page "
+        "on another origin must go through its own server.  A token in a page is public: "
+        "give the page a token of its own.",
+    )
     key_prefix: str = Field(
         "ragtrace:feedback:",
         min_length=1,
         description="With `session_store.backend: redis` (whose URL and timeouts the join "
         "shares, so every replica joins any feedback): the prefix of every key.",
     )
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, origins: list[str]) -> list[str]:
+        for origin in origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin: scheme, host and optional port, "
+                    "e.g. https://shop.example.com or http://localhost:3000, or *"
+                )
+        return origins

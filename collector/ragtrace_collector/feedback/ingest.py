@@ -234,3 +234,14 @@ class FeedbackIntake:
     rate: float
     #: Counts a refused body by reason (``FeedbackStage.invalid``).
     invalid: Callable[[str], None] = _ignore
+    #: Origins whose pages may call the endpoint (``feedback.allowed_origins``).
+    allowed_origins: frozenset[str] = frozenset()
+
+    def cors_origin(self, origin: str | None) -> str | None:
+        """The ``Access-Control-Allow-Origin`` value for a request from ``origin``, or
+        None when that origin is not allowed (or the request came from no page)."""
+        if origin is None or not self.allowed_origins:
+            return None
+        if "*" in self.allowed_origins:
+            return "*"
+        return origin if origin in self.allowed_origins else None

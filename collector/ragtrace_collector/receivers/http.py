@@ -24,7 +24,9 @@ with ``Retry-After``, checked before the body is read), 400 with a JSON error na
 field, 415 for a body that is not JSON, and 202 once the feedback span is as durable as
 an acknowledged span (written to the write-ahead log by the same
 :meth:`TraceConsumer.accept`); 429/503 when the pipeline refuses, as for OTLP.  Errors
-are ``{"error": {"field": ..., "message": ...}}``.
+are ``{"error": {"field": ..., "message": ...}}``.  A browser page on another origin
+may call it when ``feedback.allowed_origins`` lists that origin (CORS: its preflight
+answered, ``Access-Control-Allow-Origin`` on every answer); no CORS header otherwise.
 
 aiohttp's automatic request decompression is off: the receiver inflates the body
 itself (:mod:`ragtrace_collector.receivers.decode`, off the event loop, within a budget
@@ -147,6 +149,7 @@ class HttpReceiver(Component):
         app.router.add_post(_PATH, self._handle)
         if self._feedback is not None:
             app.router.add_post(_FEEDBACK_PATH, self._handle_feedback)
+            app.router.add_route("OPTIONS", _FEEDBACK_PATH, self._feedback_preflight)
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -295,7 +298,38 @@ class HttpReceiver(Component):
         return body
 
     # --------------------------------------------------------------- feedback
+    async def _feedback_preflight(self, request: web.Request) -> web.StreamResponse:
+        """A browser's CORS preflight for ``POST /v1/feedback``: allowed origins get the
+        methods and headers they may send; any other gets 403 and no CORS header, so
+        the browser does not send the request."""
+        assert self._feedback is not None
+        allowed = self._feedback.cors_origin(request.headers.get("Origin"))
+        if allowed is None:
+            return web.Response(status=403, headers={"Vary": "Origin"})
+        return web.Response(
+            status=204,
+            headers={
+                "Access-Control-Allow-Origin": allowed,
+                "Access-Control-Allow-Methods": "POST",
+                "Access-Control-Allow-Headers": "Authorization, Content-Type",
+                "Access-Control-Max-Age": "600",
+                "Vary": "Origin",
+            },
+        )
+
     async def _handle_feedback(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/feedback``, with its CORS header for an allowed origin (a page on
+        another origin reads the answer only then, errors included)."""
+        assert self._feedback is not None
+        answer = await self._answer_feedback(request)
+        allowed = self._feedback.cors_origin(request.headers.get("Origin"))
+        if allowed is not None:
+            answer.headers["Access-Control-Allow-Origin"] = allowed
+            answer.headers["Access-Control-Expose-Headers"] = "Retry-After"
+            answer.headers["Vary"] = "Origin"
+        return answer
+
+    async def _answer_feedback(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/feedback`` (see the module docstring)."""
         assert self._feedback is not None
         assert self._bucket is not None

@@ -186,6 +186,7 @@ class CollectorService:
                         max_body=config.feedback.max_body,
                         rate=config.feedback.rate,
                         invalid=self.feedback.invalid,
+                        allowed_origins=frozenset(config.feedback.allowed_origins),
                     )
                     if self.feedback is not None
                     else None
