@@ -43,8 +43,6 @@ with ``capture_content=False``: the application chose to send them, as with
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import random
 from dataclasses import dataclass
 from typing import Any, Final
@@ -140,20 +138,6 @@ def _target(target: object) -> tuple[int, int | None] | str:
     return f"needs a RequestHandle or a trace id string as its target, got {type(target).__name__}"
 
 
-def _value(value: object) -> tuple[float, str] | None:
-    """(value in [0, 1], value type), or None."""
-    if isinstance(value, bool):
-        return (1.0 if value else 0.0), semconv.FEEDBACK_TYPE_BOOLEAN
-    if isinstance(value, numbers.Real):
-        try:
-            number = float(value)
-        except (OverflowError, TypeError, ValueError):  # an int past float's range...
-            return None
-        if math.isfinite(number) and 0.0 <= number <= 1.0:
-            return number, semconv.FEEDBACK_TYPE_NUMERIC
-    return None
-
-
 def _identifier(value: object, limit: int) -> bool:
     return isinstance(value, str) and 0 < len(value) <= limit
 
@@ -201,7 +185,7 @@ def feedback(
         if isinstance(where, str):
             return _drop("target", where)
         trace_id, span_id = where
-        parsed = _value(value)
+        parsed = semconv.feedback_number(value)
         if parsed is None:
             return _drop(
                 "value",

@@ -19,6 +19,8 @@ This module must stay import-cheap: plain string constants and a few tiny helper
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Final
 
 # --------------------------------------------------------------------------- kinds
@@ -307,6 +309,24 @@ def document_attr(prefix: str, index: int, field: str) -> str:
 def evaluation_attr(index: int, field: str) -> str:
     """``evaluations.<index>.<field>``, e.g. ``evaluations.0.evaluation.score``."""
     return f"{EVALUATIONS}.{index}.{field}"
+
+
+def feedback_number(value: object) -> tuple[float, str] | None:
+    """A feedback value as (number in [0, 1], ``boolean`` or ``numeric``), or None.
+
+    A bool is a thumbs (1.0 or 0.0); any other real number counts when finite and in
+    [0, 1] (an int past a float's range is refused, never raised)."""
+    if isinstance(value, bool):
+        return (1.0 if value else 0.0), FEEDBACK_TYPE_BOOLEAN
+    if not isinstance(value, numbers.Real):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    if math.isfinite(number) and 0.0 <= number <= 1.0:
+        return number, FEEDBACK_TYPE_NUMERIC
+    return None
 
 
 def feedback_outcome(value: float) -> str:

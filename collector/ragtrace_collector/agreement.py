@@ -35,7 +35,6 @@ number in [0, 1] (a bool is 1.0 or 0.0); it is *negative* below 0.5
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -88,25 +87,18 @@ def feedback_value(raw: object) -> float | None:
     Accepts a bool, a finite number in [0, 1], or text: such a number, ``true``/``false``
     and a few thumbs words (``yes``/``no``, ``up``/``down``, ``positive``/``negative``).
     """
-    if isinstance(raw, bool):
-        return 1.0 if raw else 0.0
-    if isinstance(raw, numbers.Real):
-        number = float(raw)
-    elif isinstance(raw, str):
+    if isinstance(raw, str):
         text = raw.strip().lower()
         if text in _TRUE:
             return 1.0
         if text in _FALSE:
             return 0.0
         try:
-            number = float(text)
+            raw = float(text)
         except ValueError:
             return None
-    else:
-        return None
-    if math.isfinite(number) and 0.0 <= number <= 1.0:
-        return number
-    return None
+    read = semconv.feedback_number(raw)
+    return None if read is None else read[0]
 
 
 def is_negative(feedback: float) -> bool:

@@ -197,6 +197,7 @@ def test_bad_pairs_are_a_callers_bug() -> None:
         (-0.1, None),
         (math.nan, None),
         (math.inf, None),
+        (10**400, None),  # past a float's range: a bad label, not a crash
         ("", None),
         ("maybe", None),
         ("nan", None),

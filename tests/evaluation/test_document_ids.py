@@ -29,10 +29,10 @@ from ragtrace_collector.evaluation.case_builder import (
     build_cases,
 )
 from ragtrace_collector.evaluation.document_ids import (
+    GENERATED,
     DocumentIds,
     IdOverlapWatch,
     id_kind,
-    looks_generated,
 )
 from ragtrace_collector.evaluation.pool import _pack_payload, _unpack_case
 from ragtrace_collector.metrics import build_metric
@@ -199,11 +199,11 @@ def test_a_user_id_beats_a_generated_one_even_with_no_overlap() -> None:
 
 
 def test_looks_generated() -> None:
-    assert looks_generated(_uuid())
-    assert looks_generated(_uuid().upper())
-    assert looks_generated("0123456789abcdef" * 4)
-    assert not looks_generated("kb-01")
-    assert not looks_generated("deadbeef")
+    assert id_kind(_uuid()) == GENERATED
+    assert id_kind(_uuid().upper()) == GENERATED
+    assert id_kind("0123456789abcdef" * 4) == GENERATED
+    assert id_kind("kb-01") != GENERATED
+    assert id_kind("deadbeef") != GENERATED
 
 
 def test_the_mismatch_crosses_to_the_worker_processes() -> None:

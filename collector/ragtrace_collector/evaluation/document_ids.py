@@ -83,7 +83,6 @@ __all__ = [
     "IdOverlapWatch",
     "check_source",
     "id_kind",
-    "looks_generated",
     "lookup",
 ]
 
@@ -141,11 +140,6 @@ _FIX = (
     "Keep your document id in the document's metadata (e.g. doc_id), or name where it"
     " is with cases.document_id (e.g. [metadata.doc_id, document.id])"
 )
-
-
-def looks_generated(value: str) -> bool:
-    """True for an id that a framework generated rather than a user chose."""
-    return _GENERATED.fullmatch(value) is not None
 
 
 def id_kind(value: str) -> str:
@@ -598,19 +592,18 @@ class DocumentIds:
         kind = self._unlike(choice.ids, reference_ids, soft=soft)
         if kind is None or kind == "no ids":
             return choice
-        for source in CANDIDATE_SOURCES:
-            values = [_value(d, source) for d in docs]
-            if (
-                any(v is not None for v in values)
-                and self._unlike(values, reference_ids, soft=soft) is None
-            ):
-                return _from(docs, source)
-        held = []
+        tried = []
         for source in CANDIDATE_SOURCES:
             values = [_value(d, source) for d in docs]
             found = self._unlike(values, reference_ids, soft=soft)
-            if found not in (None, "no ids"):
-                held.append(f"{source} holds {found} ({_examples(values)})")
+            if found is None and any(v is not None for v in values):
+                return _from(docs, source)
+            tried.append((source, values, found))
+        held = [
+            f"{source} holds {found} ({_examples(values)})"
+            for source, values, found in tried
+            if found not in (None, "no ids")
+        ]
         if not held:  # the kinds differ between documents, not between sources
             held.append(f"{choice.source} holds {kind} ({_examples(choice.ids)})")
         ref_kind = " and ".join(sorted({id_kind(r) for r in reference_ids[:_KIND_SAMPLE]}))

@@ -370,9 +370,7 @@ class PhoenixExporter(OtlpHttpExporter):
             for span in group.spans:
                 if not span.parent_span_id:
                     annotations.roots[span.trace_id.hex()] = span.span_id.hex()
-                elif (
-                    feedback and span.name == semconv.FEEDBACK_SPAN_NAME and is_feedback_span(span)
-                ):
+                elif feedback and is_feedback_span(span):
                     read_feedback(span, group.resource, into=annotations)
         body = _Body(self._compress(raw))
         body.annotations = annotations

@@ -30,7 +30,6 @@ burst of one second's worth).
 from __future__ import annotations
 
 import json
-import math
 import string
 import time
 from collections.abc import Callable
@@ -179,16 +178,11 @@ def _hex_id(raw: Any, digits: int, field: str) -> str:
 
 
 def _value(raw: Any) -> tuple[float, str]:
-    if isinstance(raw, bool):
-        return (1.0 if raw else 0.0), semconv.FEEDBACK_TYPE_BOOLEAN
-    if isinstance(raw, int | float):
-        try:
-            number = float(raw)
-        except OverflowError:  # an integer past a float's range
-            number = math.inf
-        if math.isfinite(number) and 0.0 <= number <= 1.0:
-            return number, semconv.FEEDBACK_TYPE_NUMERIC
-    raise BadFeedback("value", "must be true, false or a number in [0, 1]")
+    # JSON numbers only: a numeric string is not a number here.
+    read = semconv.feedback_number(raw) if isinstance(raw, bool | int | float) else None
+    if read is None:
+        raise BadFeedback("value", "must be true, false or a number in [0, 1]")
+    return read
 
 
 def _identifier(data: dict[str, Any], field: str, limit: int) -> str | None:

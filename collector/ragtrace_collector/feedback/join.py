@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from ragtrace_collector.feedback.config import FeedbackConfig
 from ragtrace_collector.feedback.record import Feedback, UpsertKey
@@ -228,10 +228,6 @@ def feedback_from_json(text: str | bytes) -> Feedback | None:
         service=svc,
         time_unix_nano=at,
     )
-
-
-def _optional_str(value: Any) -> bool:
-    return value is None or isinstance(value, str)
 
 
 def score_from_json(text: str | bytes) -> Score | None:

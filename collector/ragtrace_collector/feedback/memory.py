@@ -68,10 +68,6 @@ class MemoryJoinStore(Component):
             _Journal(directory / SQLITE_FILE, synchronous) if directory is not None else None
         )
 
-    @property
-    def path(self) -> Path | None:
-        return self._journal.path if self._journal is not None else None
-
     async def start(self) -> list[JoinEntry]:
         if self._journal is not None:
             try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -198,7 +199,7 @@ class FeedbackStage:
         """An evaluator result listener: hold the score for the join.  Skipped and
         errored results (no score) are ignored."""
         score = result.score
-        if score is None or score - score != 0.0:
+        if score is None or not math.isfinite(score):
             return
         if len(self._scores) >= _MAX_QUEUED_SCORES:
             self._scores.popleft()

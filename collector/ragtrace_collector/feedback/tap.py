@@ -33,8 +33,6 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Final, Protocol
 
-from ragtrace import semconv
-
 from ..component.logs import get_logger
 from .record import Feedback, from_span, is_feedback_span
 
@@ -83,7 +81,7 @@ class FeedbackTap:
         found: list[Feedback] = []
         others = False
         for span, group in trace.spans():
-            if span.name != semconv.FEEDBACK_SPAN_NAME or not is_feedback_span(span):
+            if not is_feedback_span(span):
                 others = True
                 continue
             read = from_span(span, group.resource)

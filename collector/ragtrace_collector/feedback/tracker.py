@@ -171,8 +171,3 @@ class AgreementTracker:
         """The figures as last computed by :meth:`refresh`."""
         with self._lock:
             return list(self._figures.values())
-
-    def forgotten(self, known: set[SeriesKey]) -> set[SeriesKey]:
-        """The series of ``known`` the tracker no longer has figures for."""
-        with self._lock:
-            return {k for k in known if k not in self._figures}

@@ -577,9 +577,7 @@ class Storage(Component):
             if entry is None or entry.groups[exporter] <= 0:
                 continue  # settled, or delivered there before a restart
             entry.groups[exporter] -= 1
-            entry.refs -= 1
-            if entry.refs <= 0:
-                self._release(entry)
+            if self._unref(entry, 1):
                 touched = True
             elif entry.groups[exporter] == 0:
                 self._mark(exporter, seq)
