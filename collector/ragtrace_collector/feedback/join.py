@@ -230,6 +230,16 @@ def feedback_from_json(text: str | bytes) -> Feedback | None:
     )
 
 
+def score_json(score: Score) -> str:
+    """A score as the durable backends keep it (:func:`score_from_json` reads it)."""
+    return json.dumps(list(score))
+
+
+def labels_json(labels: tuple[str, ...]) -> str:
+    """Segment labels as the durable backends keep them (:func:`labels_from_json`)."""
+    return json.dumps(list(labels))
+
+
 def score_from_json(text: str | bytes) -> Score | None:
     try:
         score, threshold = json.loads(text)

@@ -4,7 +4,6 @@ storage on (:class:`_Journal`); see :mod:`.join` for the semantics and the bound
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 import threading
 import time
@@ -30,7 +29,9 @@ from ragtrace_collector.feedback.join import (
     feedback_json,
     ignore_drop,
     labels_from_json,
+    labels_json,
     score_from_json,
+    score_json,
 )
 from ragtrace_collector.feedback.record import Feedback
 
@@ -87,9 +88,9 @@ class MemoryJoinStore(Component):
         entries: dict[str, JoinEntry] = {}
         for trace_id, since, scored, labels in rows.entries:
             entries[trace_id] = JoinEntry(trace_id, since, bool(scored), labels_from_json(labels))
-        for trace_id, service, metric, score_json in rows.scores:
+        for trace_id, service, metric, score_text in rows.scores:
             entry = entries.get(trace_id)
-            score = score_from_json(score_json)
+            score = score_from_json(score_text)
             if entry is not None and score is not None:
                 entry.scores[(service, metric)] = score
         for trace_id, body in rows.feedback:
@@ -351,18 +352,18 @@ class _Journal:
     def put_entry(self, entry: JoinEntry) -> None:
         self._conn().execute(
             "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
-            (entry.trace_id, entry.since, int(entry.scored), json.dumps(list(entry.labels))),
+            (entry.trace_id, entry.since, int(entry.scored), labels_json(entry.labels)),
         )
 
     def put_labels(self, trace_id: str, labels: tuple[str, ...]) -> None:
         self._conn().execute(
-            "UPDATE entries SET labels = ? WHERE trace_id = ?", (json.dumps(list(labels)), trace_id)
+            "UPDATE entries SET labels = ? WHERE trace_id = ?", (labels_json(labels), trace_id)
         )
 
     def put_score(self, trace_id: str, key: ScoreKey, score: Score) -> None:
         self._conn().execute(
             "INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?)",
-            (trace_id, key[0], key[1], json.dumps(list(score))),
+            (trace_id, key[0], key[1], score_json(score)),
         )
 
     def put_feedback(self, feedback: Feedback) -> None:

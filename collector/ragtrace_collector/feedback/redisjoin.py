@@ -24,7 +24,9 @@ from ragtrace_collector.feedback.join import (
     feedback_json,
     ignore_drop,
     labels_from_json,
+    labels_json,
     score_from_json,
+    score_json,
 )
 from ragtrace_collector.feedback.record import Feedback
 
@@ -209,8 +211,8 @@ class RedisJoinStore(Component):
             [
                 trace_id,
                 "s:" + json.dumps(list(key)),
-                json.dumps(list(score)),
-                json.dumps(list(labels)),
+                score_json(score),
+                labels_json(labels),
                 repr(at),
                 self._ttl_ms,
                 self._config.max_requests,
