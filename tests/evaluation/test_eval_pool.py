@@ -298,11 +298,13 @@ async def test_worker_dead_before_its_batch_is_replaced_with_no_unretrieved_exce
 
 
 def _gone(pid: int) -> bool:
-    """True once ``pid`` has exited (a zombie counts: its socket is closed)."""
+    """True once ``pid`` has exited (a zombie counts: its socket is closed).  The
+    process may be reaped between opening its stat file and reading it: the read then
+    fails with ESRCH (ProcessLookupError), which means gone too."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return True
 
 
